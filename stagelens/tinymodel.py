@@ -10,11 +10,12 @@ Needs the ``demo`` extra (torch, transformers, tokenizers come with vLLM).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 DEFAULT_CACHE_DIR: Final = Path(
     os.environ.get("STAGELENS_CACHE_DIR", Path.home() / ".cache" / "stagelens")
@@ -31,14 +32,88 @@ _CHAT_TEMPLATE: Final = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
-_WORDS: Final = (
-    "the a an gateway load balancer tokenizer router inference prefill decode queue "
-    "billing token tokens cost latency budget request response stream cache prefix "
-    "model server engine span trace metric stage time first second millisecond "
-    "user assistant system hello world answer question please explain why how what "
-    "is are was were be been of to in on for with by from at as and or but not "
-    "gpu cpu memory power energy kernel batch block page hit miss rate ratio alert"
-).split()
+_WORDS: Final = [
+    "the",
+    "a",
+    "an",
+    "gateway",
+    "load",
+    "balancer",
+    "tokenizer",
+    "router",
+    "inference",
+    "prefill",
+    "decode",
+    "queue",
+    "billing",
+    "token",
+    "tokens",
+    "cost",
+    "latency",
+    "budget",
+    "request",
+    "response",
+    "stream",
+    "cache",
+    "prefix",
+    "model",
+    "server",
+    "engine",
+    "span",
+    "trace",
+    "metric",
+    "stage",
+    "time",
+    "first",
+    "second",
+    "millisecond",
+    "user",
+    "assistant",
+    "system",
+    "hello",
+    "world",
+    "answer",
+    "question",
+    "please",
+    "explain",
+    "why",
+    "how",
+    "what",
+    "is",
+    "are",
+    "was",
+    "were",
+    "be",
+    "been",
+    "of",
+    "to",
+    "in",
+    "on",
+    "for",
+    "with",
+    "by",
+    "from",
+    "at",
+    "as",
+    "and",
+    "or",
+    "but",
+    "not",
+    "gpu",
+    "cpu",
+    "memory",
+    "power",
+    "energy",
+    "kernel",
+    "batch",
+    "block",
+    "page",
+    "hit",
+    "miss",
+    "rate",
+    "ratio",
+    "alert",
+]
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
@@ -70,7 +145,9 @@ def ensure_tiny_model(
 
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    # transformers' annotations are partial (untyped constructors); use it as Any.
+    transformers: Any = importlib.import_module("transformers")
 
     out.mkdir(parents=True, exist_ok=True)
     special = ["<unk>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -84,7 +161,7 @@ def ensure_tiny_model(
         show_progress=False,
     )
     bpe.train_from_iterator(_corpus(seed), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<s>",
         eos_token="</s>",
@@ -96,7 +173,7 @@ def ensure_tiny_model(
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
+    config = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=256,
@@ -109,9 +186,9 @@ def ensure_tiny_model(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        dtype="float32",
     )
-    model = LlamaForCausalLM(config)
+    model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
     (out / "stagelens-model.json").write_text(
         json.dumps({"name": name, "seed": seed, "version": MODEL_VERSION}, indent=2) + "\n"

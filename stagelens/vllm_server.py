@@ -71,11 +71,17 @@ class VllmServer:
     def command(self) -> list[str]:
         """The exact command line used to start the server."""
         cmd = [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", self.model,
-            "--host", self.host,
-            "--port", str(self.port),
-            "--max-model-len", str(self.max_model_len),
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
             *DEFAULT_FLAGS,
         ]
         if self.served_model_names:
