@@ -1,1 +1,35 @@
-"""stagelens.instrumentation."""
+"""stagelens.instrumentation: the middleware, stage hooks and upstream instrumentation."""
+
+from __future__ import annotations
+
+from stagelens.instrumentation._request import RequestState, current_request
+from stagelens.instrumentation._telemetry import Telemetry
+from stagelens.instrumentation.asgi import StageLensMiddleware
+from stagelens.instrumentation.fastapi import (
+    FastAPIInstrumentor,
+    instrument_app,
+    uninstrument_app,
+)
+from stagelens.instrumentation.hooks import Rejected, bill, record_usage, stage
+from stagelens.instrumentation.httpx import (
+    StageLensAsyncTransport,
+    StageLensTransport,
+    instrument_httpx_client,
+)
+
+__all__ = [
+    "FastAPIInstrumentor",
+    "Rejected",
+    "RequestState",
+    "StageLensAsyncTransport",
+    "StageLensMiddleware",
+    "StageLensTransport",
+    "Telemetry",
+    "bill",
+    "current_request",
+    "instrument_app",
+    "instrument_httpx_client",
+    "record_usage",
+    "stage",
+    "uninstrument_app",
+]

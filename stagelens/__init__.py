@@ -8,11 +8,44 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from stagelens.stages import Stage
-
 try:
     __version__ = version("stagelens")
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
-__all__ = ["Stage", "__version__"]
+from stagelens.config import Settings
+from stagelens.exporters import configure
+from stagelens.instrumentation import (
+    FastAPIInstrumentor,
+    Rejected,
+    StageLensMiddleware,
+    Telemetry,
+    bill,
+    current_request,
+    instrument_app,
+    instrument_httpx_client,
+    record_usage,
+    stage,
+)
+from stagelens.pricing import Price, PriceTable, Usage
+from stagelens.stages import Stage
+
+__all__ = [
+    "FastAPIInstrumentor",
+    "Price",
+    "PriceTable",
+    "Rejected",
+    "Settings",
+    "Stage",
+    "StageLensMiddleware",
+    "Telemetry",
+    "Usage",
+    "__version__",
+    "bill",
+    "configure",
+    "current_request",
+    "instrument_app",
+    "instrument_httpx_client",
+    "record_usage",
+    "stage",
+]

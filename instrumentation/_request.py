@@ -1,0 +1,102 @@
+"""Per-request state: one object per request, reached through a context variable.
+
+Why: the middleware instance is shared by every concurrent request, so nothing about a
+request may live on it (STYLE rule 9). The state carries the request's telemetry wiring,
+its timestamps, model, tenant and usage; ``stage()``, ``record_usage()`` and the upstream
+instrumentation find it with one ContextVar lookup.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from typing import TYPE_CHECKING
+
+from opentelemetry import trace
+
+from stagelens import semconv as sc
+from stagelens.pricing import Usage
+from stagelens.stages import Stage
+
+if TYPE_CHECKING:
+    from stagelens.instrumentation._telemetry import Telemetry
+
+_CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
+    "stagelens_request", default=None
+)
+
+
+class RequestState:
+    """What stagelens knows about one in-flight request."""
+
+    __slots__ = (
+        "billed",
+        "code",
+        "cost_usd",
+        "disconnected",
+        "first_token_at",
+        "model",
+        "rejected_by",
+        "request_id",
+        "root_span",
+        "stage_times",
+        "started_at",
+        "telemetry",
+        "tenant",
+        "upstream_usage",
+        "usage",
+    )
+
+    def __init__(self, telemetry: Telemetry, root_span: trace.Span) -> None:
+        self.telemetry = telemetry
+        self.root_span = root_span
+        self.started_at = time.perf_counter()
+        self.model: str | None = None
+        self.tenant: str | None = None
+        self.usage: Usage | None = None
+        self.upstream_usage: Usage | None = None
+        self.billed = False
+        self.cost_usd: float | None = None
+        self.rejected_by: str | None = None
+        self.first_token_at: float | None = None
+        self.disconnected = False
+        self.code: int | None = None
+        self.request_id: str | None = None
+        self.stage_times: list[tuple[str, float]] = []
+        """(stage, seconds) recorded at request end, when the model label is known."""
+
+    @property
+    def model_label(self) -> str:
+        """The ``model`` label value for this request."""
+        return self.model or self.telemetry.settings.default_model
+
+    def set_model(self, model: str) -> None:
+        """Name the served model (labels every metric of this request)."""
+        self.model = model
+        if self.root_span.is_recording():
+            self.root_span.set_attribute(sc.GEN_AI_REQUEST_MODEL, model)
+
+    def set_tenant(self, tenant: str) -> None:
+        """Name the tenant (a configured name or a key fingerprint, never a key)."""
+        self.tenant = tenant
+        if self.root_span.is_recording():
+            self.root_span.set_attribute(sc.ATTR_TENANT, self.telemetry.tenants.label(tenant))
+
+    def reject(self, stage: Stage | str) -> None:
+        """Record that ``stage`` answered the request with an error."""
+        self.rejected_by = stage.value if isinstance(stage, Stage) else str(stage)
+        if self.root_span.is_recording():
+            self.root_span.set_attribute(sc.ATTR_REJECTED_BY, self.rejected_by)
+
+
+def current_request() -> RequestState | None:
+    """The state of the request being served in this context, or None outside one."""
+    return _CURRENT.get()
+
+
+def _enter(state: RequestState) -> contextvars.Token[RequestState | None]:
+    return _CURRENT.set(state)
+
+
+def _exit(token: contextvars.Token[RequestState | None]) -> None:
+    _CURRENT.reset(token)

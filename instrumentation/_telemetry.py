@@ -1,0 +1,116 @@
+"""The wiring one instrumented app records into: tracer, instruments, prices, tenants.
+
+Why an object and not module globals: tests and multi-app processes need isolated
+providers and registries; the middleware, ``stage()`` and the upstream instrumentation
+reach the active one through the per-request state, so nothing on the hot path looks up
+globals.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from opentelemetry import trace
+from prometheus_client import REGISTRY, CollectorRegistry
+from stagelens.instrumentation._instruments import Instruments, instruments_for
+
+from stagelens import __version__
+from stagelens import semconv as sc
+from stagelens.config import Settings, load_settings
+from stagelens.pricing import PriceTable
+from stagelens.tenants import TenantLimiter
+
+logger = logging.getLogger("stagelens")
+
+
+class Telemetry:
+    """Tracer + Prometheus instruments + billing policy for one instrumented service."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        tracer_provider: trace.TracerProvider | None = None,
+        registry: CollectorRegistry | None = None,
+        exposition_registry: CollectorRegistry | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        self.settings = load_settings(settings)
+        self.tracer_provider = tracer_provider
+        self.tracer = trace.get_tracer(
+            sc.INSTRUMENTATION_NAME, __version__, tracer_provider=tracer_provider
+        )
+        self.registry = registry if registry is not None else REGISTRY
+        self.exposition_registry = (
+            exposition_registry if exposition_registry is not None else self.registry
+        )
+        self.instruments: Instruments = instruments_for(self.registry, self.settings)
+        if prices is None:
+            prices = (
+                PriceTable.load(self.settings.price_table)
+                if self.settings.price_table is not None
+                else PriceTable.default()
+            )
+        self.prices = prices
+        self.tenants = TenantLimiter(self.settings.tenants, self.settings.max_tenants)
+        self._logged: set[str] = set()
+        self._log_lock = threading.Lock()
+
+    def metrics_app(self) -> Any:
+        """An ASGI app serving this telemetry's exposition registry (for ``/metrics``)."""
+        from stagelens.exporters.prometheus import metrics_app
+
+        return metrics_app(self.exposition_registry)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export queued spans now (tests, shutdown). True when the provider flushed."""
+        flush = getattr(self.tracer_provider, "force_flush", None)
+        return bool(flush(timeout_millis)) if flush is not None else True
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters (call at process exit)."""
+        shutdown = getattr(self.tracer_provider, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def report_error(self, component: str, exc: BaseException) -> None:
+        """Count a swallowed telemetry failure; log it the first time per component only."""
+        try:
+            self.instruments.telemetry_errors.get(component).inc()
+            with self._log_lock:
+                first = component not in self._logged
+                self._logged.add(component)
+            if first:
+                logger.warning(
+                    "stagelens: %s failed (%s: %s); serving continues, further failures "
+                    "are only counted in %s{component=%r}",
+                    component,
+                    type(exc).__name__,
+                    exc,
+                    sc.TELEMETRY_ERRORS,
+                    component,
+                )
+        except Exception:
+            pass
+
+
+_default: Telemetry | None = None
+_default_lock = threading.Lock()
+
+
+def set_default_telemetry(telemetry: Telemetry | None) -> None:
+    """Make ``telemetry`` what instrument_app()/stage() use when given none (configure())."""
+    global _default
+    _default = telemetry
+
+
+def default_telemetry() -> Telemetry:
+    """The configured Telemetry, or one on the global tracer provider and REGISTRY."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = Telemetry()
+    return _default

@@ -1,0 +1,331 @@
+"""``StageLensMiddleware``: the root span, the gateway stage, TTFT, ITL and request metrics.
+
+Pure ASGI (no BaseHTTPMiddleware) so that streamed bodies pass through untouched: every
+``http.response.body`` message is forwarded as it comes, and only timestamps are taken on
+the way (STYLE rules 8, 9). The middleware object is shared; everything about a request
+lives in a ``_RequestTracker`` made per request.
+
+TTFT is taken at the first non-empty body chunk sent (never at the headers); for an SSE
+response every later non-empty chunk records one inter-token gap. The root span ends at the
+last byte or when the client goes away, with the cancellation in its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from opentelemetry import context, propagate, trace
+from opentelemetry.propagators.textmap import Getter
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from stagelens.instrumentation._request import RequestState, _enter, _exit
+from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
+from stagelens.instrumentation.hooks import Rejected, bill, stage
+
+from stagelens import semconv as sc
+from stagelens.config import Settings
+from stagelens.stages import Stage
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+GatewayHook = Callable[[Scope], Any]
+"""``hook(scope)`` (sync or async). Return a tenant name (auth) or None; raise ``Rejected``
+to answer the client (401, 429, ...)."""
+SpanHook = Callable[[trace.Span, Scope], None]
+"""Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
+
+STATUS_CLIENT_CLOSED = 499
+"""``code`` label for a request whose client went away before any response was sent."""
+_DONE = b"data: [DONE]"
+
+
+class _HeaderGetter(Getter[Scope]):
+    """Read W3C trace headers from an ASGI scope."""
+
+    def get(self, carrier: Scope, key: str) -> list[str] | None:
+        name = key.lower().encode("latin-1")
+        values = [v.decode("latin-1") for k, v in carrier.get("headers", ()) if k == name]
+        return values or None
+
+    def keys(self, carrier: Scope) -> list[str]:
+        return [k.decode("latin-1") for k, _ in carrier.get("headers", ())]
+
+
+_GETTER = _HeaderGetter()
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+class StageLensMiddleware:
+    """Wrap an ASGI app: one trace per request, gateway stage, TTFT/ITL/request metrics."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        telemetry: Telemetry | None = None,
+        settings: Settings | None = None,
+        auth_hook: GatewayHook | None = None,
+        rate_limit_hook: GatewayHook | None = None,
+        request_hook: SpanHook | None = None,
+        response_hook: SpanHook | None = None,
+        metrics_path: str | None = None,
+    ) -> None:
+        if telemetry is None:
+            telemetry = Telemetry(settings) if settings is not None else default_telemetry()
+        self.app = app
+        self.telemetry = telemetry
+        self.auth_hook = auth_hook
+        self.rate_limit_hook = rate_limit_hook
+        self.request_hook = request_hook
+        self.response_hook = response_hook
+        self.metrics_path = metrics_path
+        self._excluded = frozenset(telemetry.settings.excluded_paths)
+        self._metrics_app: ASGIApp | None = None
+        if metrics_path is not None:
+            from stagelens.exporters.prometheus import metrics_app
+
+            self._metrics_app = metrics_app(telemetry.exposition_registry)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        if self._metrics_app is not None and path == self.metrics_path:
+            await self._metrics_app(scope, receive, send)
+            return
+        if path in self._excluded:
+            await self.app(scope, receive, send)
+            return
+        await _RequestTracker(self, scope).run(receive, send)
+
+
+class _RequestTracker:
+    """Everything about one request; lives exactly as long as it."""
+
+    __slots__ = (
+        "_itl",
+        "_last_chunk",
+        "_mw",
+        "_response_done",
+        "_response_started",
+        "_scope",
+        "_sse",
+        "_state",
+    )
+
+    def __init__(self, middleware: StageLensMiddleware, scope: Scope) -> None:
+        self._mw = middleware
+        self._scope = scope
+        self._sse = False
+        self._response_started = False
+        self._response_done = False
+        self._last_chunk = 0.0
+        self._itl: Any = None
+        self._state: RequestState | None = None
+
+    async def run(self, receive: Receive, send: Send) -> None:
+        mw, scope = self._mw, self._scope
+        telemetry = mw.telemetry
+        method = scope.get("method", "GET")
+        parent = propagate.extract(scope, getter=_GETTER)
+        root = telemetry.tracer.start_span(
+            method, context=parent, kind=SpanKind.SERVER, attributes=_server_attributes(scope)
+        )
+        state = RequestState(telemetry, root)
+        self._state = state
+        ctx_token = context.attach(trace.set_span_in_context(root, parent))
+        state_token = _enter(state)
+        error: BaseException | None = None
+        try:
+            if mw.request_hook is not None:
+                self._run_span_hook(mw.request_hook, root, "request_hook")
+            rejection = await self._gateway()
+            if rejection is not None:
+                await self._send_rejection(rejection, send)
+            else:
+                await mw.app(scope, self._wrap_receive(receive), self._wrap_send(send))
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._finish(error)
+            _exit(state_token)
+            context.detach(ctx_token)
+
+    # -- gateway stage -----------------------------------------------------------------
+    async def _gateway(self) -> Rejected | None:
+        mw, state = self._mw, self._state
+        assert state is not None
+        if mw.auth_hook is None and mw.rate_limit_hook is None:
+            with stage(Stage.GATEWAY):
+                return None
+        try:
+            with stage(Stage.GATEWAY):
+                if mw.auth_hook is not None:
+                    tenant = await _maybe_await(mw.auth_hook(self._scope))
+                    if isinstance(tenant, str):
+                        state.set_tenant(tenant)
+                if mw.rate_limit_hook is not None:
+                    await _maybe_await(mw.rate_limit_hook(self._scope))
+        except Rejected as rejection:
+            return rejection
+        return None
+
+    async def _send_rejection(self, rejection: Rejected, send: Send) -> None:
+        body = json.dumps(rejection.body()).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *(
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in rejection.headers.items()
+            ),
+        ]
+        wrapped = self._wrap_send(send)
+        await wrapped(
+            {"type": "http.response.start", "status": rejection.status_code, "headers": headers}
+        )
+        await wrapped({"type": "http.response.body", "body": body})
+
+    # -- I/O wrappers ------------------------------------------------------------------
+    def _wrap_receive(self, receive: Receive) -> Receive:
+        state = self._state
+        assert state is not None
+
+        async def wrapped_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" and not self._response_done:
+                state.disconnected = True
+            return message
+
+        return wrapped_receive
+
+    def _wrap_send(self, send: Send) -> Send:
+        state = self._state
+        assert state is not None
+
+        async def wrapped_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.body":
+                body = message.get("body", b"")
+                if body:
+                    now = time.perf_counter()
+                    if state.first_token_at is None:
+                        state.first_token_at = now
+                    elif self._sse and not body.startswith(_DONE):
+                        if self._itl is None:
+                            self._itl = state.telemetry.instruments.itl.get(state.model_label)
+                        self._itl.observe(now - self._last_chunk)
+                    self._last_chunk = now
+                if not message.get("more_body", False):
+                    self._response_done = True
+            elif kind == "http.response.start":
+                self._response_started = True
+                state.code = int(message["status"])
+                for key, value in message.get("headers", ()):
+                    if key.lower() == b"content-type":
+                        self._sse = value.startswith(b"text/event-stream")
+            try:
+                await send(message)
+            except OSError:
+                state.disconnected = True
+                raise
+
+        return wrapped_send
+
+    # -- end of request ----------------------------------------------------------------
+    def _run_span_hook(self, hook: SpanHook, span: trace.Span, name: str) -> None:
+        try:
+            hook(span, self._scope)
+        except Exception as exc:
+            self._mw.telemetry.report_error(name, exc)
+            if span.is_recording():
+                span.record_exception(exc)
+
+    def _finish(self, error: BaseException | None) -> None:
+        state = self._state
+        assert state is not None
+        telemetry = state.telemetry
+        try:
+            if state.usage is not None or state.upstream_usage is not None:
+                bill()
+        except Exception as exc:
+            telemetry.report_error("billing", exc)
+        end = time.perf_counter()
+        disconnected = state.disconnected or (
+            error is not None and not self._response_done and _is_cancellation(error)
+        )
+        if state.code is not None:
+            code = state.code
+        elif disconnected:
+            code = STATUS_CLIENT_CLOSED
+        else:
+            code = 500
+        if error is not None and not self._response_started and not disconnected:
+            code = 500
+        model = state.model_label
+        instruments = telemetry.instruments
+        for stage_name, seconds in state.stage_times:
+            instruments.stage_duration.get(stage_name, model).observe(seconds)
+        code_label = str(code)
+        instruments.request_duration.get(model, code_label).observe(end - state.started_at)
+        instruments.requests.get(model, code_label).inc()
+        if state.first_token_at is not None:
+            instruments.ttft.get(model).observe(state.first_token_at - state.started_at)
+        root = state.root_span
+        if root.is_recording():
+            route = self._scope.get("route")
+            route_path = getattr(route, "path", None)
+            if isinstance(route_path, str):
+                root.update_name(f"{self._scope.get('method', 'GET')} {route_path}")
+                root.set_attribute("http.route", route_path)
+            root.set_attribute("http.response.status_code", code)
+            if state.first_token_at is not None:
+                root.set_attribute(sc.ATTR_TTFT, state.first_token_at - state.started_at)
+            if disconnected and not self._response_done:
+                root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
+                root.set_status(Status(StatusCode.ERROR, "client disconnected"))
+            elif error is not None:
+                root.record_exception(error)
+                root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                root.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+            elif code >= 500:
+                root.set_status(Status(StatusCode.ERROR))
+                root.set_attribute(sc.ERROR_TYPE, code_label)
+            if self._mw.response_hook is not None:
+                self._run_span_hook(self._mw.response_hook, root, "response_hook")
+        root.end()
+
+
+def _is_cancellation(error: BaseException) -> bool:
+    return isinstance(error, asyncio.CancelledError | OSError)
+
+
+def _server_attributes(scope: Scope) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "http.request.method": scope.get("method", "GET"),
+        "url.path": scope.get("path", ""),
+        "url.scheme": scope.get("scheme", "http"),
+    }
+    server = scope.get("server")
+    if server:
+        attributes["server.address"] = str(server[0])
+        if server[1] is not None:
+            attributes["server.port"] = int(server[1])
+    client = scope.get("client")
+    if client:
+        attributes["client.address"] = str(client[0])
+    return attributes

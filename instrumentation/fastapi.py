@@ -1,0 +1,80 @@
+"""``FastAPIInstrumentor`` and ``instrument_app()``: add stagelens to a FastAPI/Starlette app.
+
+Follows opentelemetry-instrumentation's BaseInstrumentor so the OTel auto-instrumentation
+CLI finds it (entry point ``opentelemetry_instrumentor``): ``instrument()`` patches
+``fastapi.FastAPI`` so apps built afterwards get the middleware; ``instrument_app(app)``
+instruments one existing app; both are idempotent and undone exactly by their
+``uninstrument`` counterparts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from stagelens.instrumentation._telemetry import Telemetry
+from stagelens.instrumentation.asgi import StageLensMiddleware
+from stagelens.instrumentation.package import _instruments
+
+_MARK = "_stagelens_instrumented"
+
+
+def instrument_app(app: Any, *, telemetry: Telemetry | None = None, **options: Any) -> Any:
+    """Add ``StageLensMiddleware`` to a Starlette/FastAPI app (outermost); idempotent.
+
+    ``options`` go to the middleware: ``settings``, ``auth_hook``, ``rate_limit_hook``,
+    ``request_hook``, ``response_hook``, ``metrics_path`` (serve ``/metrics`` from the app).
+    Returns the app.
+    """
+    if getattr(app, _MARK, False):
+        return app
+    app.add_middleware(StageLensMiddleware, telemetry=telemetry, **options)
+    setattr(app, _MARK, True)
+    return app
+
+
+def uninstrument_app(app: Any) -> None:
+    """Remove the middleware added by :func:`instrument_app` (before the app started)."""
+    if not getattr(app, _MARK, False):
+        return
+    app.user_middleware = [m for m in app.user_middleware if m.cls is not StageLensMiddleware]
+    app.middleware_stack = None
+    setattr(app, _MARK, False)
+
+
+class FastAPIInstrumentor(BaseInstrumentor):
+    """Instrument every FastAPI app created after ``instrument()``, or one with
+    ``instrument_app()``."""
+
+    _original_init: Any = None
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    @staticmethod
+    def instrument_app(app: Any, **options: Any) -> Any:
+        return instrument_app(app, **options)
+
+    @staticmethod
+    def uninstrument_app(app: Any) -> None:
+        uninstrument_app(app)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        import fastapi
+
+        original = fastapi.FastAPI.__init__
+        FastAPIInstrumentor._original_init = original
+
+        def patched_init(app_self: Any, *args: Any, **init_kwargs: Any) -> None:
+            original(app_self, *args, **init_kwargs)
+            instrument_app(app_self, **kwargs)
+
+        setattr(fastapi.FastAPI, "__init__", patched_init)  # noqa: B010 - mypy rejects assigning a method
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        import fastapi
+
+        if FastAPIInstrumentor._original_init is not None:
+            setattr(fastapi.FastAPI, "__init__", FastAPIInstrumentor._original_init)  # noqa: B010 - as above
+            FastAPIInstrumentor._original_init = None

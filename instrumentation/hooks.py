@@ -1,0 +1,246 @@
+"""``stage()``, ``record_usage()``, ``bill()`` and ``Rejected``: the API an app's own code calls.
+
+Why a class that is both context manager and decorator: stages are blocks of user code
+(``with stage(Stage.TOKENIZER): ...``) or whole functions (``@stage("retrieval")``), sync or
+async. Each entry makes a fresh span and one histogram observation; when tracing is off the
+span is a no-op object and only the metric is recorded.
+
+An exception inside a stage is recorded on its span and propagates unchanged. An exception
+carrying an HTTP status >= 400 (``Rejected``, Starlette/FastAPI ``HTTPException``) also
+marks the stage as the one that rejected the request.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar, overload
+
+from opentelemetry import context, trace
+from opentelemetry.trace import Status, StatusCode
+from stagelens.instrumentation._request import RequestState, current_request
+from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
+
+from stagelens import semconv as sc
+from stagelens.pricing import Usage
+from stagelens.stages import Stage
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Rejected(Exception):
+    """Raise from a stage or hook to answer the client with an OpenAI-style error.
+
+    The middleware turns it into ``{"error": {"message", "type", "param", "code"}}`` with
+    ``status`` and ``headers``; the stage it escaped from is recorded as the rejecting stage.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+class stage:
+    """Time a block or function as one stage: a child span plus ``stagelens_stage_duration``."""
+
+    __slots__ = ("_attributes", "_ctx_token", "_name", "_span", "_state", "_t0", "_telemetry")
+
+    def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
+        self._name = name.value if isinstance(name, Stage) else str(name)
+        self._attributes = attributes
+        self._span: trace.Span | None = None
+        self._ctx_token: object = None
+        self._state: RequestState | None = None
+        self._telemetry: Telemetry | None = None
+        self._t0 = 0.0
+
+    @property
+    def name(self) -> str:
+        """The stage label value."""
+        return self._name
+
+    @property
+    def span(self) -> trace.Span:
+        """The stage's span (valid inside the block)."""
+        return self._span if self._span is not None else trace.INVALID_SPAN
+
+    # -- context manager --------------------------------------------------------------
+    def __enter__(self) -> stage:
+        state = current_request()
+        telemetry = state.telemetry if state is not None else default_telemetry()
+        self._state, self._telemetry = state, telemetry
+        span = telemetry.tracer.start_span(self._name, attributes={sc.ATTR_STAGE: self._name})
+        if self._attributes and span.is_recording():
+            span.set_attributes(dict(self._attributes))
+        self._span = span
+        self._ctx_token = context.attach(trace.set_span_in_context(span))
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        elapsed = time.perf_counter() - self._t0
+        span, telemetry, state = self._span, self._telemetry, self._state
+        if span is None or telemetry is None:
+            return
+        try:
+            context.detach(self._ctx_token)  # type: ignore[arg-type]
+        except Exception as err:  # a detach in another context must not break the app
+            telemetry.report_error("context", err)
+        if state is not None:
+            state.stage_times.append((self._name, elapsed))
+        else:
+            model = telemetry.settings.default_model
+            telemetry.instruments.stage_duration.get(self._name, model).observe(elapsed)
+        if exc is not None:
+            status = _status_of(exc)
+            if status is not None and status >= 400 and state is not None:
+                state.reject(self._name)
+            if span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_attribute(
+                    sc.ERROR_TYPE, str(status) if status is not None else type(exc).__qualname__
+                )
+        span.end()
+        self._span = None
+
+    async def __aenter__(self) -> stage:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    # -- decorator --------------------------------------------------------------------
+    @overload
+    def __call__(self, func: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]: ...
+    @overload
+    def __call__(self, func: Callable[P, R]) -> Callable[P, R]: ...
+    def __call__(self, func: Callable[P, Any]) -> Callable[P, Any]:
+        name, attributes = self._name, self._attributes
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                async with stage(name, attributes):
+                    return await func(*args, **kwargs)
+
+            return async_wrapper
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+            with stage(name, attributes):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+
+def record_usage(
+    *,
+    input_tokens: int,
+    output_tokens: int,
+    cached_input_tokens: int = 0,
+    model: str | None = None,
+    tenant: str | None = None,
+) -> None:
+    """Attach the request's token usage (input includes cached); billing prices it.
+
+    Explicit usage wins over what the upstream instrumentation parsed from the server's
+    response. Outside a request this does nothing.
+    """
+    state = current_request()
+    if state is None:
+        return
+    if model is not None:
+        state.set_model(model)
+    if tenant is not None:
+        state.set_tenant(tenant)
+    state.usage = Usage(
+        input_tokens=max(int(input_tokens), 0),
+        output_tokens=max(int(output_tokens), 0),
+        cached_input_tokens=max(int(cached_input_tokens), 0),
+    )
+
+
+def bill() -> float | None:
+    """Run the billing stage now for the current request; return its cost in USD.
+
+    Counts ``stagelens_tokens_total`` and ``stagelens_cost_usd_total`` once per request (a
+    second call returns the first cost). The middleware calls it at the end of every request
+    that has usage and was not billed yet.
+    """
+    state = current_request()
+    if state is None:
+        return None
+    if state.billed:
+        return state.cost_usd
+    usage = state.usage or state.upstream_usage
+    if usage is None:
+        return None
+    with stage(Stage.BILLING) as billing:
+        state.billed = True
+        telemetry = state.telemetry
+        model = state.model_label
+        tenant = telemetry.tenants.label(state.tenant)
+        cost = telemetry.prices.cost(model, usage)
+        tokens = telemetry.instruments.tokens
+        tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT).inc(usage.input_tokens)
+        tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT).inc(usage.output_tokens)
+        tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT).inc(usage.cached_input_tokens)
+        telemetry.instruments.cost.get(model, tenant).inc(cost)
+        state.cost_usd = cost
+        span = billing.span
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    sc.ATTR_COST_USD: cost,
+                    sc.ATTR_TENANT: tenant,
+                    sc.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+                    sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+                    sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
+                }
+            )
+    return cost

@@ -1,0 +1,439 @@
+"""Instrument the upstream call to an OpenAI-compatible server (vLLM) made with httpx.
+
+What it adds to every ``/v1/chat/completions`` and ``/v1/completions`` call:
+
+- the ``inference`` stage as a GenAI CLIENT span named ``{operation} {model}`` with the
+  contract's ``gen_ai.*`` attributes, and ``traceparent`` + ``X-Request-Id`` injected so the
+  vLLM side joins the same trace and uses the same request id;
+- usage (input, output, cached input) parsed from the response, streamed or not, handed to
+  the request's billing unless the app called ``record_usage()`` itself (explicit wins);
+- vLLM's per-request timings (``--enable-per-request-metrics``) turned into ``queue``,
+  ``prefill`` and ``decode`` child spans with real start and end times, and into
+  ``stagelens_engine_phase_duration_seconds``.
+
+Why a transport wrapper: httpx has no hook that sees a streamed body; wrapping the
+transport lets chunks pass through untouched while a few bytes-level checks pick out the
+lines worth parsing (first chunk, finish reason, final usage chunk). The span ends when the
+body is fully read or the stream is closed (client gone, backend died), whichever is first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, Final
+
+import httpx
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from stagelens.instrumentation._request import RequestState, current_request
+from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
+
+from stagelens import semconv as sc
+from stagelens.pricing import Usage
+from stagelens.stages import Stage
+
+_MAX_BODY: Final = 4 * 1024 * 1024
+"""Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""
+_NS: Final = 1_000_000_000
+
+
+class _UpstreamCall:
+    """One instrumented upstream request: span, parse state, timings."""
+
+    __slots__ = (
+        "_buffer",
+        "_done",
+        "_engine",
+        "_finish_reasons",
+        "_first_seen",
+        "_last_data_ns",
+        "_response_id",
+        "_response_model",
+        "_t0",
+        "_usage",
+        "model",
+        "span",
+        "state",
+        "stream",
+        "telemetry",
+    )
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        state: RequestState | None,
+        payload: dict[str, Any],
+        operation: str,
+        request: httpx.Request,
+    ) -> None:
+        self.telemetry = telemetry
+        self.state = state
+        self.model = str(payload.get("model") or telemetry.settings.default_model)
+        self.stream = bool(payload.get("stream", False))
+        if state is not None and state.model is None:
+            state.set_model(self.model)
+        attributes: dict[str, Any] = {
+            sc.ATTR_STAGE: Stage.INFERENCE.value,
+            sc.GEN_AI_OPERATION_NAME: operation,
+            sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER_VLLM,
+            sc.GEN_AI_REQUEST_MODEL: self.model,
+            sc.GEN_AI_REQUEST_STREAM: self.stream,
+            sc.SERVER_ADDRESS: request.url.host,
+        }
+        if request.url.port is not None:
+            attributes[sc.SERVER_PORT] = request.url.port
+        max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
+        if isinstance(max_tokens, int):
+            attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+        self.span = telemetry.tracer.start_span(
+            f"{operation} {self.model}", kind=SpanKind.CLIENT, attributes=attributes
+        )
+        if telemetry.settings.capture_message_content and self.span.is_recording():
+            content = payload.get("messages", payload.get("prompt"))
+            self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
+        request_id = request.headers.get(sc.HEADER_REQUEST_ID)
+        if request_id is None:
+            request_id = (state.request_id if state is not None else None) or uuid.uuid4().hex
+            request.headers[sc.HEADER_REQUEST_ID] = request_id
+        if state is not None:
+            state.request_id = request_id
+        if self.span.is_recording():
+            self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
+        propagate.inject(request.headers, context=trace.set_span_in_context(self.span))
+        self._t0 = time.perf_counter()
+        self._buffer = bytearray()
+        self._done = False
+        self._first_seen = False
+        self._last_data_ns = 0
+        self._response_id: str | None = None
+        self._response_model: str | None = None
+        self._finish_reasons: list[str] = []
+        self._usage: Usage | None = None
+        self._engine: dict[str, Any] | None = None
+
+    # -- response ----------------------------------------------------------------------
+    def on_response(self, response: httpx.Response) -> None:
+        self._last_data_ns = time.time_ns()
+        if self.span.is_recording():
+            vllm_id = response.headers.get(sc.HEADER_REQUEST_ID)
+            if vllm_id:
+                self.span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
+            if response.status_code >= 400:
+                self.span.set_attribute(sc.ERROR_TYPE, str(response.status_code))
+                self.span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
+
+    def on_chunk(self, chunk: bytes) -> None:
+        if not self.stream:
+            if len(self._buffer) + len(chunk) <= _MAX_BODY:
+                self._buffer += chunk
+            return
+        self._buffer += chunk
+        if b"\n" not in chunk:
+            return
+        lines = self._buffer.split(b"\n")
+        self._buffer = bytearray(lines.pop())
+        for line in lines:
+            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
+                self._on_event(bytes(line[6:]))
+
+    def _on_event(self, payload: bytes) -> None:
+        usage_chunk = b'"usage":{' in payload and b'"choices":[]' in payload
+        if not usage_chunk:
+            self._last_data_ns = time.time_ns()
+        if not self._first_seen or usage_chunk or b'"finish_reason":"' in payload:
+            self._first_seen = True
+            try:
+                self._absorb(json.loads(payload))
+            except ValueError:
+                return
+
+    def _absorb(self, body: dict[str, Any]) -> None:
+        self._response_id = self._response_id or body.get("id")
+        self._response_model = self._response_model or body.get("model")
+        for choice in body.get("choices") or ():
+            reason = choice.get("finish_reason")
+            if reason:
+                self._finish_reasons.append(str(reason))
+        usage = body.get("usage")
+        if isinstance(usage, dict):
+            details = usage.get("prompt_tokens_details") or {}
+            self._usage = Usage(
+                input_tokens=int(usage.get("prompt_tokens") or 0),
+                output_tokens=int(usage.get("completion_tokens") or 0),
+                cached_input_tokens=int(details.get("cached_tokens") or 0),
+            )
+        metrics = body.get("metrics")
+        if isinstance(metrics, dict):
+            self._engine = metrics
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """End the span and record; idempotent (close after exhaustion is a no-op)."""
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._finish(error)
+        except Exception as exc:
+            self.telemetry.report_error("upstream", exc)
+            self.span.end()
+
+    def _finish(self, error: BaseException | None) -> None:
+        elapsed = time.perf_counter() - self._t0
+        if not self.stream and self._buffer:
+            try:
+                body = json.loads(bytes(self._buffer))
+                if isinstance(body, dict):
+                    self._absorb(body)
+                    if self.telemetry.settings.capture_message_content:
+                        self._capture_output(body)
+            except ValueError:
+                pass
+        state, span, telemetry = self.state, self.span, self.telemetry
+        if self._usage is not None and state is not None:
+            state.upstream_usage = self._usage
+        model_label = state.model_label if state is not None else self.model
+        if state is not None:
+            state.stage_times.append((Stage.INFERENCE.value, elapsed))
+        else:
+            telemetry.instruments.stage_duration.get(Stage.INFERENCE.value, model_label).observe(
+                elapsed
+            )
+        phases = self._phases()
+        for phase, seconds in phases:
+            telemetry.instruments.engine_phase.get(phase, model_label).observe(seconds)
+        if span.is_recording():
+            self._set_response_attributes(span, error)
+            self._engine_spans(phases)
+        span.end()
+
+    def _phases(self) -> list[tuple[str, float]]:
+        engine = self._engine
+        if not engine:
+            return []
+        out = []
+        for phase, key in (
+            (sc.PHASE_QUEUE, "queue_time_ms"),
+            (sc.PHASE_PREFILL, "time_to_first_token_ms"),
+            (sc.PHASE_DECODE, "generation_time_ms"),
+        ):
+            value = engine.get(key)
+            if isinstance(value, int | float) and value >= 0:
+                out.append((phase, float(value) / 1000.0))
+        return out
+
+    def _engine_spans(self, phases: list[tuple[str, float]]) -> None:
+        """Child spans laid back to back, ending when the last token arrived."""
+        if not phases:
+            return
+        parent = trace.set_span_in_context(self.span)
+        end_ns = self._last_data_ns or time.time_ns()
+        for phase, seconds in reversed(phases):
+            start_ns = end_ns - int(seconds * _NS)
+            child = self.telemetry.tracer.start_span(
+                phase,
+                context=parent,
+                start_time=start_ns,
+                attributes={sc.ATTR_STAGE: Stage.INFERENCE.value},
+            )
+            child.end(end_time=end_ns)
+            end_ns = start_ns
+
+    def _set_response_attributes(self, span: trace.Span, error: BaseException | None) -> None:
+        if self._response_id:
+            span.set_attribute(sc.GEN_AI_RESPONSE_ID, self._response_id)
+        if self._response_model:
+            span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, self._response_model)
+        if self._finish_reasons:
+            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self._finish_reasons)
+        if self._usage is not None:
+            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, self._usage.input_tokens)
+            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, self._usage.output_tokens)
+            span.set_attribute(
+                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, self._usage.cached_input_tokens
+            )
+        if error is not None:
+            span.record_exception(error)
+            span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        elif self.stream and not self._finish_reasons and self._usage is None:
+            span.set_attribute(sc.ERROR_TYPE, "incomplete_stream")
+            span.set_status(Status(StatusCode.ERROR, "stream closed before the last event"))
+
+    def _capture_output(self, body: dict[str, Any]) -> None:
+        messages = [c.get("message") or {"text": c.get("text")} for c in body.get("choices") or ()]
+        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+
+
+def _start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
+    """Begin instrumenting ``request`` if it is a completion call; else just propagate."""
+    path = request.url.path
+    if request.method != "POST":
+        propagate.inject(request.headers)
+        return None
+    if path.endswith("/chat/completions"):
+        operation = sc.GEN_AI_OPERATION_CHAT
+    elif path.endswith("/completions"):
+        operation = sc.GEN_AI_OPERATION_TEXT_COMPLETION
+    else:
+        propagate.inject(request.headers)
+        return None
+    state = current_request()
+    if telemetry is None:
+        telemetry = state.telemetry if state is not None else default_telemetry()
+    try:
+        payload = json.loads(request.content or b"{}")
+    except (ValueError, httpx.RequestNotRead):
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    return _UpstreamCall(telemetry, state, payload, operation, request)
+
+
+class _AsyncStream(httpx.AsyncByteStream):
+    def __init__(self, wrapped: httpx.AsyncByteStream, call: _UpstreamCall) -> None:
+        self._wrapped = wrapped
+        self._call = call
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._wrapped:
+                self._call.on_chunk(chunk)
+                yield chunk
+        except BaseException as exc:
+            self._call.finish(exc)
+            raise
+        self._call.finish()
+
+    async def aclose(self) -> None:
+        try:
+            await self._wrapped.aclose()
+        finally:
+            self._call.finish(None if self._call._done else _closed_early())
+
+
+class _SyncStream(httpx.SyncByteStream):
+    def __init__(self, wrapped: httpx.SyncByteStream, call: _UpstreamCall) -> None:
+        self._wrapped = wrapped
+        self._call = call
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._wrapped:
+                self._call.on_chunk(chunk)
+                yield chunk
+        except BaseException as exc:
+            self._call.finish(exc)
+            raise
+        self._call.finish()
+
+    def close(self) -> None:
+        try:
+            self._wrapped.close()
+        finally:
+            self._call.finish(None if self._call._done else _closed_early())
+
+
+class StreamClosedEarly(Exception):
+    """Recorded on the inference span when the body was closed before it was fully read."""
+
+
+def _closed_early() -> StreamClosedEarly:
+    return StreamClosedEarly("response closed before the body was fully read")
+
+
+class StageLensAsyncTransport(httpx.AsyncBaseTransport):
+    """Wraps an async transport; see the module docstring."""
+
+    def __init__(
+        self, wrapped: httpx.AsyncBaseTransport, telemetry: Telemetry | None = None
+    ) -> None:
+        self.wrapped = wrapped
+        self._telemetry = telemetry
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        call = _safe_start(self._telemetry, request)
+        if call is None:
+            return await self.wrapped.handle_async_request(request)
+        token = context.attach(trace.set_span_in_context(call.span))
+        try:
+            response = await self.wrapped.handle_async_request(request)
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            context.detach(token)
+        call.on_response(response)
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_AsyncStream(stream, call),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        await self.wrapped.aclose()
+
+
+class StageLensTransport(httpx.BaseTransport):
+    """Wraps a sync transport; see the module docstring."""
+
+    def __init__(self, wrapped: httpx.BaseTransport, telemetry: Telemetry | None = None) -> None:
+        self.wrapped = wrapped
+        self._telemetry = telemetry
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        call = _safe_start(self._telemetry, request)
+        if call is None:
+            return self.wrapped.handle_request(request)
+        token = context.attach(trace.set_span_in_context(call.span))
+        try:
+            response = self.wrapped.handle_request(request)
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            context.detach(token)
+        call.on_response(response)
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_SyncStream(stream, call),
+            extensions=response.extensions,
+            request=request,
+        )
+
+    def close(self) -> None:
+        self.wrapped.close()
+
+
+def _safe_start(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
+    try:
+        return _start_call(telemetry, request)
+    except Exception as exc:
+        (telemetry or default_telemetry()).report_error("upstream", exc)
+        return None
+
+
+def instrument_httpx_client(
+    client: httpx.AsyncClient | httpx.Client, *, telemetry: Telemetry | None = None
+) -> None:
+    """Instrument an existing client in place (its transport and mounts); idempotent.
+
+    httpx offers no public way to swap a client's transport after construction, so this
+    replaces ``client._transport`` the way opentelemetry-instrumentation-httpx does. To
+    avoid that, build the client with ``transport=StageLensAsyncTransport(...)``.
+    """
+    if isinstance(client, httpx.AsyncClient):
+        if not isinstance(client._transport, StageLensAsyncTransport):
+            client._transport = StageLensAsyncTransport(client._transport, telemetry)
+        return
+    if not isinstance(client._transport, StageLensTransport):
+        client._transport = StageLensTransport(client._transport, telemetry)

@@ -1,0 +1,85 @@
+"""Settings, parsed once from ``STAGELENS_*`` environment variables and keyword arguments.
+
+Why validated at construction: a bad threshold or budget must fail when the service starts,
+never on a request. Settings are frozen; pass a new object to change them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from stagelens import semconv
+from stagelens.errors import ConfigurationError
+from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
+
+
+def _capture_content_default() -> bool:
+    value = os.environ.get(semconv.CAPTURE_MESSAGE_CONTENT_ENV, "false")
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+class Settings(BaseSettings):
+    """Everything stagelens can be told. Environment: ``STAGELENS_<FIELD>`` (JSON for maps)."""
+
+    model_config = SettingsConfigDict(env_prefix="STAGELENS_", frozen=True, extra="forbid")
+
+    tenants: tuple[str, ...] = ()
+    """Tenants that get their own ``tenant`` label value; with none configured, the first
+    ``max_tenants`` distinct tenants seen do. Everything else is ``other``."""
+    max_tenants: int = Field(default=20, ge=0, le=1000)
+    """Cap on distinct ``tenant`` label values (cardinality bound)."""
+    price_table: Path | None = None
+    """YAML price table; None uses the documented default (see stagelens.pricing)."""
+    ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0)
+    """TTFT SLO threshold; always made a TTFT histogram bucket boundary."""
+    stage_budgets_seconds: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS_SECONDS)
+    )
+    """Latency budget per stage, exported as ``stagelens_stage_budget_seconds``."""
+    daily_budgets_usd: dict[str, float] = Field(default_factory=dict)
+    """Daily spend budget per tenant, exported as ``stagelens_budget_usd{window="1d"}``."""
+    excluded_paths: tuple[str, ...] = ("/metrics", "/health", "/healthz", "/ready")
+    """Request paths the middleware passes through untouched (no span, no metric)."""
+    capture_message_content: bool = Field(default_factory=_capture_content_default)
+    """Record prompt/completion text on spans; off unless
+    ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``."""
+    default_model: str = "unknown"
+    """``model`` label for requests whose model was never set (e.g. rejected early)."""
+    span_queue_size: int = Field(default=2048, ge=1)
+    """Bound on spans waiting for export: a dead collector costs at most this much memory."""
+
+    @field_validator("stage_budgets_seconds", "daily_budgets_usd")
+    @classmethod
+    def _positive_values(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if v < 0}
+        if bad:
+            raise ValueError(f"budgets must be >= 0, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _tenant_list_fits_cap(self) -> Settings:
+        if len(self.tenants) > self.max_tenants:
+            raise ValueError(
+                f"{len(self.tenants)} tenants configured but max_tenants={self.max_tenants}"
+            )
+        return self
+
+
+def load_settings(settings: Settings | None = None, **overrides: Any) -> Settings:
+    """Return ``settings`` (or one built from the environment) with ``overrides`` applied.
+
+    Raises ConfigurationError (never pydantic's ValidationError) on invalid values.
+    """
+    try:
+        if settings is None:
+            return Settings(**overrides)
+        if not overrides:
+            return settings
+        return Settings(**{**settings.model_dump(), **overrides})
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid stagelens settings: {exc}") from exc
