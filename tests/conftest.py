@@ -68,3 +68,15 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
 def _otel_env_for_vllm() -> dict[str, str]:
     """Keep the vLLM child from exporting to a collector that is not there."""
     return {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Async tests run on asyncio (the loop uvicorn and vLLM use)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def port_factory() -> object:
+    """``free_port()`` for fixtures and tests (conftest functions are not importable)."""
+    return free_port

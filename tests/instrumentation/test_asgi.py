@@ -1,0 +1,315 @@
+"""The middleware + upstream instrumentation on an ordinary FastAPI proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+
+from stagelens import Rejected, semconv
+
+pytestmark = pytest.mark.anyio
+
+STAGE_SPANS = {"gateway", "tokenizer", "router", "chat tiny", "billing"}
+
+
+def _by_name(cap: Any) -> dict[str, Any]:
+    return {s.name: s for s in cap.spans()}
+
+
+class TestRequestTraces:
+    """Streaming and non-streaming requests produce one trace with a span per stage."""
+
+    async def test_streaming_request_produces_root_and_stage_spans(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """A streamed chat completion gives root SERVER span, stage spans and engine phases."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            r = await client.post(
+                "/v1/chat/completions", json={"model": "tiny", "stream": True, "max_tokens": 16}
+            )
+        assert r.status_code == 200
+        assert r.text.count("data: ") == 18  # 16 chunks + usage + [DONE], passed through
+        spans = _by_name(cap)
+        root = spans["POST /v1/chat/completions"]
+        assert root.kind is SpanKind.SERVER
+        assert root.parent is None
+        assert set(spans) == STAGE_SPANS | {"POST /v1/chat/completions", "queue", "prefill", "decode"}
+        assert len({s.context.trace_id for s in cap.spans()}) == 1
+        for name in STAGE_SPANS:
+            assert spans[name].parent.span_id == root.context.span_id, name
+        inference = spans["chat tiny"]
+        assert inference.kind is SpanKind.CLIENT
+        attrs = inference.attributes
+        assert attrs[semconv.ATTR_STAGE] == "inference"
+        assert attrs[semconv.GEN_AI_OPERATION_NAME] == "chat"
+        assert attrs[semconv.GEN_AI_PROVIDER_NAME] == "vllm"
+        assert attrs[semconv.GEN_AI_REQUEST_MODEL] == "tiny"
+        assert attrs[semconv.GEN_AI_REQUEST_STREAM] is True
+        assert attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 16
+        assert attrs[semconv.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+        assert type(attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS]) is int
+        assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == 300
+        assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 16
+        assert attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 256
+        assert attrs[semconv.SERVER_ADDRESS] == "127.0.0.1"
+        assert type(attrs[semconv.SERVER_PORT]) is int
+        assert isinstance(attrs[semconv.GEN_AI_RESPONSE_ID], str)
+        for name in ("gateway", "tokenizer", "router", "billing"):
+            assert spans[name].attributes[semconv.ATTR_STAGE] == name
+        queue, prefill, decode = spans["queue"], spans["prefill"], spans["decode"]
+        for child in (queue, prefill, decode):
+            assert child.parent.span_id == inference.context.span_id
+        assert queue.end_time == prefill.start_time
+        assert prefill.end_time == decode.start_time
+        assert (decode.end_time - decode.start_time) == 30_000_000
+        assert (prefill.end_time - prefill.start_time) == 12_000_000
+        assert (queue.end_time - queue.start_time) == 2_000_000
+
+    async def test_non_streaming_request_produces_the_same_structure(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """A non-streamed completion is parsed from the body and gets the same spans."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny"})
+        assert r.status_code == 200
+        spans = _by_name(cap)
+        assert {"queue", "prefill", "decode", "postprocess"} <= set(spans)
+        assert spans["chat tiny"].attributes[semconv.GEN_AI_REQUEST_STREAM] is False
+        assert spans["chat tiny"].attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == 16
+        assert cap.value(semconv.REQUESTS, model="tiny", code="200") == 1.0
+        assert cap.value(semconv.ENGINE_PHASE_DURATION + "_sum", phase="decode", model="tiny") == (
+            pytest.approx(0.030)
+        )
+
+    async def test_traceparent_and_request_id_reach_the_upstream(
+        self, cap, proxy_factory, client_factory, upstream
+    ) -> None:
+        """The upstream sees the inference span as parent and an X-Request-Id."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            await client.post("/v1/chat/completions", json={"model": "tiny"})
+        headers = upstream.state.seen_headers[-1]
+        inference = _by_name(cap)["chat tiny"]
+        trace_id = f"{inference.context.trace_id:032x}"
+        span_id = f"{inference.context.span_id:016x}"
+        assert headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
+        assert len(headers["x-request-id"]) == 32
+        assert inference.attributes[semconv.ATTR_VLLM_REQUEST_ID] == headers["x-request-id"]
+
+    async def test_incoming_traceparent_is_continued(self, cap, proxy_factory, client_factory) -> None:
+        """A caller's W3C trace context becomes the root span's parent."""
+        app, _ = proxy_factory(cap)
+        parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        async with client_factory(app) as client:
+            await client.post(
+                "/v1/chat/completions", json={"model": "tiny"}, headers={"traceparent": parent}
+            )
+        root = _by_name(cap)["POST /v1/chat/completions"]
+        assert f"{root.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+        assert f"{root.parent.span_id:016x}" == "b7ad6b7169203331"
+
+
+class TestMetrics:
+    """Per-request metrics: TTFT, ITL, stage durations, tokens and cost."""
+
+    async def test_ttft_is_taken_at_the_first_token_not_the_headers(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """Headers go out at once; TTFT waits for the first content chunk (0.2 s later)."""
+        app, _ = proxy_factory(cap)
+        body = {"model": "tiny", "stream": True, "x_chunks": 4, "x_first_delay": 0.2}
+        async with client_factory(app) as client:
+            await client.post("/v1/chat/completions", json=body)
+        ttft_sum = cap.value(semconv.TIME_TO_FIRST_TOKEN + "_sum", model="tiny")
+        assert cap.value(semconv.TIME_TO_FIRST_TOKEN + "_count", model="tiny") == 1.0
+        assert 0.2 <= ttft_sum < 1.0
+        root = _by_name(cap)["POST /v1/chat/completions"]
+        assert root.attributes[semconv.ATTR_TTFT] == pytest.approx(ttft_sum)
+
+    async def test_inter_token_latency_is_recorded_per_streamed_chunk(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """Each gap between streamed chunks is one ITL observation (DONE excluded)."""
+        app, _ = proxy_factory(cap)
+        body = {"model": "tiny", "stream": True, "x_chunks": 5, "x_delay": 0.02}
+        async with client_factory(app) as client:
+            await client.post("/v1/chat/completions", json=body)
+        # 5 content chunks + 1 usage chunk = 6 non-DONE bodies -> 5 gaps
+        assert cap.value(semconv.INTER_TOKEN_LATENCY + "_count", model="tiny") == 5.0
+        assert cap.value(semconv.INTER_TOKEN_LATENCY + "_sum", model="tiny") >= 0.06
+
+    async def test_every_stage_is_counted_with_the_model_label(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """Stage histograms carry the request's model, learned after the gateway stage."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            for _ in range(3):
+                await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True})
+        for stage_name in ("gateway", "tokenizer", "router", "inference", "billing"):
+            count = cap.value(semconv.STAGE_DURATION + "_count", stage=stage_name, model="tiny")
+            assert count == 3.0, stage_name
+        assert cap.value(semconv.REQUESTS, model="tiny", code="200") == 3.0
+        assert cap.value(semconv.REQUEST_DURATION + "_count", model="tiny", code="200") == 3.0
+
+    async def test_usage_is_billed_once_with_cached_input_at_its_own_rate(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """Tokens by type and the cost follow the default price table exactly."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True})
+        tokens = semconv.TOKENS
+        assert cap.value(tokens, model="tiny", tenant="other", type="input") == 300.0
+        assert cap.value(tokens, model="tiny", tenant="other", type="output") == 16.0
+        assert cap.value(tokens, model="tiny", tenant="other", type="cached_input") == 256.0
+        # default: $1/M input, $4/M output, $0.5/M cached input
+        expected = (44 * 1.0 + 256 * 0.5 + 16 * 4.0) / 1e6
+        assert cap.value(semconv.COST_USD, model="tiny", tenant="other") == pytest.approx(expected)
+
+
+class TestFailures:
+    """Telemetry never breaks serving; app errors propagate unchanged."""
+
+    async def test_exception_inside_a_stage_is_recorded_and_propagates(self, cap, client_factory) -> None:
+        """A ValueError in a stage marks the span and reaches the caller unchanged."""
+        from fastapi import FastAPI
+
+        from stagelens import instrument_app, stage
+
+        app = FastAPI()
+
+        @app.get("/boom")
+        async def boom() -> None:
+            with stage("retrieval"):
+                raise ValueError("index offline")
+
+        instrument_app(app, telemetry=cap.telemetry)
+        async with client_factory(app) as client:
+            with pytest.raises(ValueError, match="index offline"):
+                await client.get("/boom")
+        span = _by_name(cap)["retrieval"]
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes[semconv.ERROR_TYPE] == "ValueError"
+        assert [e.name for e in span.events] == ["exception"]
+        root = _by_name(cap)["GET /boom"]
+        assert root.status.status_code is StatusCode.ERROR
+        assert cap.value(semconv.REQUESTS, model="unknown", code="500") == 1.0
+
+    async def test_raising_user_hook_does_not_fail_the_request(
+        self, cap, proxy_factory, client_factory, caplog
+    ) -> None:
+        """A broken request/response hook is counted and logged once; requests succeed."""
+
+        def bad_hook(span: Any, scope: Any) -> None:
+            raise RuntimeError("hook bug")
+
+        app, _ = proxy_factory(cap, request_hook=bad_hook, response_hook=bad_hook)
+        with caplog.at_level(logging.WARNING, logger="stagelens"):
+            async with client_factory(app) as client:
+                for _ in range(3):
+                    r = await client.post("/v1/chat/completions", json={"model": "tiny"})
+                    assert r.status_code == 200
+        assert cap.value(semconv.TELEMETRY_ERRORS, component="request_hook") == 3.0
+        assert cap.value(semconv.TELEMETRY_ERRORS, component="response_hook") == 3.0
+        warnings = [r for r in caplog.records if "hook failed" in r.getMessage()]
+        assert len(warnings) == 2  # once per hook, not per request
+
+    async def test_gateway_rejection_answers_and_names_the_stage(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """An auth hook raising Rejected answers 401 with an OpenAI-style body."""
+
+        def auth(scope: Any) -> str:
+            raise Rejected(401, "invalid API key", type="authentication_error", code="invalid_api_key")
+
+        app, _ = proxy_factory(cap, auth_hook=auth)
+        async with client_factory(app) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny"})
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        root = _by_name(cap)["POST"]
+        assert root.attributes[semconv.ATTR_REJECTED_BY] == "gateway"
+        assert cap.value(semconv.REQUESTS, model="unknown", code="401") == 1.0
+
+    async def test_client_disconnect_mid_stream_ends_the_trace(
+        self, cap, proxy_factory
+    ) -> None:
+        """The client leaves after 3 chunks: spans end, the root says it was cancelled."""
+        app, _ = proxy_factory(cap)
+        received: list[bytes] = []
+        gone = asyncio.Event()
+        body_sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {
+                    "type": "http.request",
+                    "body": b'{"model": "tiny", "stream": true, "x_chunks": 50, "x_delay": 0.01}',
+                    "more_body": False,
+                }
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                received.append(message["body"])
+                if len(received) == 3:
+                    gone.set()
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
+            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
+        }
+        await asyncio.wait_for(app(scope, receive, send), timeout=10)
+        assert len(received) < 50
+        spans = _by_name(cap)
+        root = spans["POST /v1/chat/completions"]
+        assert root.status.status_code is StatusCode.ERROR
+        assert root.status.description == "client disconnected"
+        assert root.attributes[semconv.ATTR_CLIENT_DISCONNECTED] is True
+        inference = spans["chat tiny"]
+        assert inference.status.status_code is StatusCode.ERROR
+        assert inference.end_time is not None
+
+
+class TestContentCapture:
+    """Prompt and completion text are recorded only when opted in."""
+
+    async def test_content_is_not_captured_by_default(self, cap, proxy_factory, client_factory) -> None:
+        """Without the env opt-in, no gen_ai message attributes exist."""
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            await client.post(
+                "/v1/chat/completions",
+                json={"model": "tiny", "messages": [{"role": "user", "content": "secret"}]},
+            )
+        for span in cap.spans():
+            assert semconv.GEN_AI_INPUT_MESSAGES not in (span.attributes or {})
+            assert "secret" not in str(dict(span.attributes or {}))
+
+    async def test_content_is_captured_when_enabled(self, proxy_factory, client_factory) -> None:
+        """capture_message_content=True records the prompt and the completion."""
+        from stagelens.testing import capture_telemetry
+
+        with capture_telemetry(capture_message_content=True) as cap:
+            app, _ = proxy_factory(cap)
+            async with client_factory(app) as client:
+                await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "tiny", "messages": [{"role": "user", "content": "hello"}]},
+                )
+            attrs = _by_name(cap)["chat tiny"].attributes
+            assert "hello" in attrs[semconv.GEN_AI_INPUT_MESSAGES]
+            assert "hi" in attrs[semconv.GEN_AI_OUTPUT_MESSAGES]
