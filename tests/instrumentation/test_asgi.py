@@ -38,7 +38,12 @@ class TestRequestTraces:
         root = spans["POST /v1/chat/completions"]
         assert root.kind is SpanKind.SERVER
         assert root.parent is None
-        assert set(spans) == STAGE_SPANS | {"POST /v1/chat/completions", "queue", "prefill", "decode"}
+        assert set(spans) == STAGE_SPANS | {
+            "POST /v1/chat/completions",
+            "queue",
+            "prefill",
+            "decode",
+        }
         assert len({s.context.trace_id for s in cap.spans()}) == 1
         for name in STAGE_SPANS:
             assert spans[name].parent.span_id == root.context.span_id, name
@@ -102,7 +107,9 @@ class TestRequestTraces:
         assert len(headers["x-request-id"]) == 32
         assert inference.attributes[semconv.ATTR_VLLM_REQUEST_ID] == headers["x-request-id"]
 
-    async def test_incoming_traceparent_is_continued(self, cap, proxy_factory, client_factory) -> None:
+    async def test_incoming_traceparent_is_continued(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
         """A caller's W3C trace context becomes the root span's parent."""
         app, _ = proxy_factory(cap)
         parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -177,7 +184,9 @@ class TestMetrics:
 class TestFailures:
     """Telemetry never breaks serving; app errors propagate unchanged."""
 
-    async def test_exception_inside_a_stage_is_recorded_and_propagates(self, cap, client_factory) -> None:
+    async def test_exception_inside_a_stage_is_recorded_and_propagates(
+        self, cap, client_factory
+    ) -> None:
         """A ValueError in a stage marks the span and reaches the caller unchanged."""
         from fastapi import FastAPI
 
@@ -227,7 +236,9 @@ class TestFailures:
         """An auth hook raising Rejected answers 401 with an OpenAI-style body."""
 
         def auth(scope: Any) -> str:
-            raise Rejected(401, "invalid API key", type="authentication_error", code="invalid_api_key")
+            raise Rejected(
+                401, "invalid API key", type="authentication_error", code="invalid_api_key"
+            )
 
         app, _ = proxy_factory(cap, auth_hook=auth)
         async with client_factory(app) as client:
@@ -238,9 +249,7 @@ class TestFailures:
         assert root.attributes[semconv.ATTR_REJECTED_BY] == "gateway"
         assert cap.value(semconv.REQUESTS, model="unknown", code="401") == 1.0
 
-    async def test_client_disconnect_mid_stream_ends_the_trace(
-        self, cap, proxy_factory
-    ) -> None:
+    async def test_client_disconnect_mid_stream_ends_the_trace(self, cap, proxy_factory) -> None:
         """The client leaves after 3 chunks: spans end, the root says it was cancelled."""
         app, _ = proxy_factory(cap)
         received: list[bytes] = []
@@ -266,11 +275,18 @@ class TestFailures:
                     gone.set()
 
         scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-            "query_string": b"", "root_path": "",
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "root_path": "",
             "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
-            "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8080),
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8080),
         }
         await asyncio.wait_for(app(scope, receive, send), timeout=10)
         assert len(received) < 50
@@ -287,7 +303,9 @@ class TestFailures:
 class TestContentCapture:
     """Prompt and completion text are recorded only when opted in."""
 
-    async def test_content_is_not_captured_by_default(self, cap, proxy_factory, client_factory) -> None:
+    async def test_content_is_not_captured_by_default(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
         """Without the env opt-in, no gen_ai message attributes exist."""
         app, _ = proxy_factory(cap)
         async with client_factory(app) as client:

@@ -1,0 +1,143 @@
+"""configure() over real OTLP: a receiver in the test, and a collector that is down."""
+
+from __future__ import annotations
+
+import gc
+import http.server
+import threading
+import tracemalloc
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client import CollectorRegistry
+
+from stagelens import Stage, configure, instrument_app, semconv, stage
+
+pytestmark = pytest.mark.anyio
+
+
+class _ReceiverServer(http.server.HTTPServer):
+    received: list[tuple[str, str, ExportTraceServiceRequest]]
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    server: _ReceiverServer
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        message = ExportTraceServiceRequest()
+        message.ParseFromString(body)
+        self.server.received.append((self.path, self.headers["content-type"], message))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[_ReceiverServer]:
+    """An OTLP/HTTP receiver on a free loopback port that decodes with opentelemetry-proto."""
+    server = _ReceiverServer(("127.0.0.1", 0), _Receiver)
+    server.received = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+
+
+def _app(telemetry) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/work")
+    async def work() -> dict[str, str]:
+        with stage(Stage.TOKENIZER):
+            pass
+        return {"ok": "yes"}
+
+    instrument_app(app, telemetry=telemetry)
+    return app
+
+
+async def test_spans_reach_a_real_otlp_http_receiver(otlp_receiver) -> None:
+    """Root and stage spans arrive as OTLP/protobuf with names, kinds and parent links."""
+    port = otlp_receiver.server_address[1]
+    telemetry = configure(
+        span_exporters=[OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces")],
+        registry=CollectorRegistry(),
+        set_global=False,
+    )
+    app = _app(telemetry)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+        assert (await c.get("/work")).status_code == 200
+    assert telemetry.force_flush(5000)
+    telemetry.shutdown()
+    spans = [
+        span
+        for _path, _ctype, message in otlp_receiver.received
+        for rs in message.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    path, ctype, message = otlp_receiver.received[0]
+    assert path == "/v1/traces"
+    assert ctype == "application/x-protobuf"
+    resource = {a.key: a.value.string_value for a in message.resource_spans[0].resource.attributes}
+    assert resource["service.name"] == "stagelens-gateway"
+    scope = message.resource_spans[0].scope_spans[0].scope
+    assert scope.name == semconv.INSTRUMENTATION_NAME
+    by_name = {s.name: s for s in spans}
+    assert set(by_name) == {"GET /work", "gateway", "tokenizer"}
+    root = by_name["GET /work"]
+    assert root.kind == root.SPAN_KIND_SERVER
+    assert root.parent_span_id == b""
+    for name in ("gateway", "tokenizer"):
+        child = by_name[name]
+        assert child.trace_id == root.trace_id
+        assert child.parent_span_id == root.span_id
+        attrs = {a.key: a.value for a in child.attributes}
+        assert attrs[semconv.ATTR_STAGE].string_value == name
+    root_attrs = {a.key: a.value for a in root.attributes}
+    assert root_attrs["http.response.status_code"].int_value == 200
+
+
+async def test_refused_otlp_endpoint_never_fails_requests(port_factory) -> None:
+    """Collector down: every request succeeds; spans are dropped, counted, memory bounded."""
+    dead = port_factory()  # nothing listens there
+    registry = CollectorRegistry()
+    telemetry = configure(
+        span_exporters=[OTLPSpanExporter(endpoint=f"http://127.0.0.1:{dead}/v1/traces", timeout=1)],
+        registry=registry,
+        set_global=False,
+        span_queue_size=64,
+    )
+    app = _app(telemetry)
+    n = 300
+    tracemalloc.start()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+        for _ in range(50):
+            assert (await c.get("/work")).status_code == 200
+        gc.collect()
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(n - 50):
+            assert (await c.get("/work")).status_code == 200
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    telemetry.force_flush(10000)
+    telemetry.shutdown()
+
+    def dropped(reason: str) -> float:
+        return registry.get_sample_value(semconv.SPANS_DROPPED, {"reason": reason}) or 0.0
+
+    total_spans = 3 * n  # root + gateway + tokenizer per request
+    assert registry.get_sample_value(semconv.REQUESTS, {"model": "unknown", "code": "200"}) == n
+    assert dropped("queue_full") > 0
+    assert dropped("queue_full") + dropped("export_failed") == total_spans
+    # 250 more requests with a dead collector grow memory by far less than 250 kept traces
+    assert after - before < 1_000_000

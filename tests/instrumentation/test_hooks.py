@@ -1,0 +1,114 @@
+"""stage() as context manager and decorator, sync and async; record_usage(); bill()."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry.trace import NoOpTracerProvider, StatusCode
+from prometheus_client import CollectorRegistry
+from stagelens.instrumentation import Telemetry
+from stagelens.instrumentation._telemetry import set_default_telemetry
+
+from stagelens import Stage, semconv, stage
+
+
+@pytest.fixture
+def default_is(cap):
+    """Make the capture the default Telemetry (stage() outside a request uses it)."""
+    set_default_telemetry(cap.telemetry)
+    yield cap
+    set_default_telemetry(None)
+
+
+class TestSyncStage:
+    """Synchronous uses of stage()."""
+
+    def test_context_manager_makes_a_span_and_an_observation(self, default_is) -> None:
+        """Outside a request, a stage still yields its span and a histogram sample."""
+        with stage(Stage.TOKENIZER) as s:
+            assert s.span.is_recording()
+        span = default_is.span("tokenizer")
+        assert span.attributes[semconv.ATTR_STAGE] == "tokenizer"
+        assert (
+            default_is.value(semconv.STAGE_DURATION + "_count", stage="tokenizer", model="unknown")
+            == 1.0
+        )
+
+    def test_decorator_wraps_each_call_in_its_own_span(self, default_is) -> None:
+        """@stage on a function gives one span per call and returns the result."""
+
+        @stage("retrieval", attributes={"retrieval.k": 4})
+        def retrieve(q: str) -> str:
+            return q.upper()
+
+        assert retrieve("a") == "A"
+        assert retrieve("b") == "B"
+        spans = [s for s in default_is.spans() if s.name == "retrieval"]
+        assert len(spans) == 2
+        assert spans[0].attributes["retrieval.k"] == 4
+        assert retrieve.__name__ == "retrieve"
+
+    def test_nested_stages_are_parent_and_child(self, default_is) -> None:
+        """A stage opened inside another is its child span."""
+        with stage(Stage.ROUTER), stage("admission"):
+            pass
+        router, admission = default_is.span("router"), default_is.span("admission")
+        assert admission.parent.span_id == router.context.span_id
+
+    def test_exception_propagates_unchanged(self, default_is) -> None:
+        """The very exception object leaves the block; the span records it."""
+        err = KeyError("k")
+        with pytest.raises(KeyError) as info, stage(Stage.TOKENIZER):
+            raise err
+        assert info.value is err
+        span = default_is.span("tokenizer")
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes[semconv.ERROR_TYPE] == "KeyError"
+
+    def test_tracing_off_still_records_the_metric(self) -> None:
+        """With a no-op tracer provider, stage() costs no span but keeps the histogram."""
+        registry = CollectorRegistry()
+        telemetry = Telemetry(tracer_provider=NoOpTracerProvider(), registry=registry)
+        set_default_telemetry(telemetry)
+        try:
+            with stage("cheap") as s:
+                assert not s.span.is_recording()
+        finally:
+            set_default_telemetry(None)
+        assert (
+            registry.get_sample_value(
+                semconv.STAGE_DURATION + "_count", {"stage": "cheap", "model": "unknown"}
+            )
+            == 1.0
+        )
+
+
+@pytest.mark.anyio
+class TestAsyncStage:
+    """Asynchronous uses of stage()."""
+
+    async def test_async_context_manager(self, default_is) -> None:
+        """`async with stage(...)` makes one span."""
+        async with stage(Stage.POSTPROCESS):
+            pass
+        assert default_is.span("postprocess").attributes[semconv.ATTR_STAGE] == "postprocess"
+
+    async def test_async_decorator(self, default_is) -> None:
+        """@stage on a coroutine function awaits it inside the span."""
+
+        @stage(Stage.LOAD_BALANCER)
+        async def pick() -> str:
+            return "backend-1"
+
+        assert await pick() == "backend-1"
+        assert default_is.span("load_balancer").end_time is not None
+
+    async def test_async_exception_propagates(self, default_is) -> None:
+        """An exception in an async stage reaches the awaiter unchanged."""
+
+        @stage(Stage.ROUTER)
+        async def route() -> None:
+            raise LookupError("no pool")
+
+        with pytest.raises(LookupError, match="no pool"):
+            await route()
+        assert default_is.span("router").status.status_code is StatusCode.ERROR
