@@ -12,6 +12,7 @@ marks the stage as the one that rejected the request.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import time
@@ -20,6 +21,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context, trace
+from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
 from stagelens.instrumentation._request import RequestState, current_request
 from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
@@ -83,7 +85,7 @@ class stage:
         self._name = name.value if isinstance(name, Stage) else str(name)
         self._attributes = attributes
         self._span: trace.Span | None = None
-        self._ctx_token: object = None
+        self._ctx_token: contextvars.Token[Context] | None = None
         self._state: RequestState | None = None
         self._telemetry: Telemetry | None = None
         self._t0 = 0.0
@@ -103,6 +105,10 @@ class stage:
         state = current_request()
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
+        if state is not None and not state.root_span.is_recording():
+            # Trace sampled out (parent-based sampling): no child span, timing only.
+            self._t0 = time.perf_counter()
+            return self
         span = telemetry.tracer.start_span(self._name, attributes={sc.ATTR_STAGE: self._name})
         if self._attributes and span.is_recording():
             span.set_attributes(dict(self._attributes))
@@ -119,12 +125,14 @@ class stage:
     ) -> None:
         elapsed = time.perf_counter() - self._t0
         span, telemetry, state = self._span, self._telemetry, self._state
-        if span is None or telemetry is None:
+        if telemetry is None:
             return
-        try:
-            context.detach(self._ctx_token)  # type: ignore[arg-type]
-        except Exception as err:  # a detach in another context must not break the app
-            telemetry.report_error("context", err)
+        if self._ctx_token is not None:
+            try:
+                context.detach(self._ctx_token)
+            except Exception as err:  # a detach in another context must not break the app
+                telemetry.report_error("context", err)
+            self._ctx_token = None
         if state is not None:
             state.stage_times.append((self._name, elapsed))
         else:
@@ -134,14 +142,15 @@ class stage:
             status = _status_of(exc)
             if status is not None and status >= 400 and state is not None:
                 state.reject(self._name)
-            if span.is_recording():
+            if span is not None and span.is_recording():
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                 span.set_attribute(
                     sc.ERROR_TYPE, str(status) if status is not None else type(exc).__qualname__
                 )
-        span.end()
-        self._span = None
+        if span is not None:
+            span.end()
+            self._span = None
 
     async def __aenter__(self) -> stage:
         return self.__enter__()

@@ -88,9 +88,13 @@ class _UpstreamCall:
         max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
         if isinstance(max_tokens, int):
             attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-        self.span = telemetry.tracer.start_span(
-            f"{operation} {self.model}", kind=SpanKind.CLIENT, attributes=attributes
-        )
+        if state is not None and not state.root_span.is_recording():
+            # Sampled out: propagate the root's (unsampled) context, build nothing.
+            self.span: trace.Span = trace.NonRecordingSpan(state.root_span.get_span_context())
+        else:
+            self.span = telemetry.tracer.start_span(
+                f"{operation} {self.model}", kind=SpanKind.CLIENT, attributes=attributes
+            )
         if telemetry.settings.capture_message_content and self.span.is_recording():
             content = payload.get("messages", payload.get("prompt"))
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
@@ -102,7 +106,9 @@ class _UpstreamCall:
             state.request_id = request_id
         if self.span.is_recording():
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
-        propagate.inject(request.headers, context=trace.set_span_in_context(self.span))
+            propagate.inject(request.headers, context=trace.set_span_in_context(self.span))
+        else:
+            propagate.inject(request.headers)
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
         self._done = False
@@ -357,14 +363,19 @@ class StageLensAsyncTransport(httpx.AsyncBaseTransport):
         call = _safe_start(self._telemetry, request)
         if call is None:
             return await self.wrapped.handle_async_request(request)
-        token = context.attach(trace.set_span_in_context(call.span))
+        token = (
+            context.attach(trace.set_span_in_context(call.span))
+            if call.span.is_recording()
+            else None
+        )
         try:
             response = await self.wrapped.handle_async_request(request)
         except BaseException as exc:
             call.finish(exc)
             raise
         finally:
-            context.detach(token)
+            if token is not None:
+                context.detach(token)
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
@@ -391,14 +402,19 @@ class StageLensTransport(httpx.BaseTransport):
         call = _safe_start(self._telemetry, request)
         if call is None:
             return self.wrapped.handle_request(request)
-        token = context.attach(trace.set_span_in_context(call.span))
+        token = (
+            context.attach(trace.set_span_in_context(call.span))
+            if call.span.is_recording()
+            else None
+        )
         try:
             response = self.wrapped.handle_request(request)
         except BaseException as exc:
             call.finish(exc)
             raise
         finally:
-            context.detach(token)
+            if token is not None:
+                context.detach(token)
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.SyncByteStream)

@@ -331,3 +331,41 @@ class TestContentCapture:
             attrs = _by_name(cap)["chat tiny"].attributes
             assert "hello" in attrs[semconv.GEN_AI_INPUT_MESSAGES]
             assert "hi" in attrs[semconv.GEN_AI_OUTPUT_MESSAGES]
+
+
+class TestSampledOut:
+    """With the trace sampled out, metrics stay complete and no span is built."""
+
+    async def test_metrics_without_spans_and_unsampled_traceparent(
+        self, proxy_factory, client_factory, upstream
+    ) -> None:
+        """ALWAYS_OFF: zero spans exported, every metric recorded, flags 00 propagated."""
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+        from stagelens.testing import TelemetryCapture, capture_telemetry
+
+        with capture_telemetry() as base:
+            exporter = InMemorySpanExporter()
+            provider = TracerProvider(sampler=ALWAYS_OFF)
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            from stagelens.instrumentation import Telemetry
+
+            telemetry = Telemetry(tracer_provider=provider, registry=base.registry)
+            cap = TelemetryCapture(telemetry, exporter)
+            app, _ = proxy_factory(cap)
+            async with client_factory(app) as client:
+                r = await client.post(
+                    "/v1/chat/completions", json={"model": "tiny", "stream": True}
+                )
+            assert r.status_code == 200
+            assert cap.spans() == []
+            assert upstream.state.seen_headers[-1]["traceparent"].endswith("-00")
+            for stage_name in ("gateway", "tokenizer", "router", "inference", "billing"):
+                assert (
+                    cap.value(semconv.STAGE_DURATION + "_count", stage=stage_name, model="tiny")
+                    == 1.0
+                )
+            assert cap.value(semconv.TOKENS, model="tiny", tenant="other", type="input") == 300.0

@@ -1,0 +1,308 @@
+"""Overhead of stagelens on a FastAPI + httpx streaming proxy, side by side in one run.
+
+Variants (each its own uvicorn process, one worker, same proxy code):
+  bare       the proxy alone
+  stagelens  instrument_app + instrument_httpx_client + 3 stage() blocks; every stage span
+             and metric on, 100 % sampling, spans exported over OTLP/HTTP to a local sink
+  metrics    stagelens with tracing sampled out (OTEL_TRACES_SAMPLER=always_off)
+  otel       opentelemetry-instrumentation-fastapi + -httpx (the generic peer), same sink
+
+The upstream streams 16 SSE chunks per response (vLLM's shape, no engine). Variants are run
+in interleaved rounds (A B C D A B C D ...) so machine drift hits all alike; each round
+measures p50 latency with one client in flight, then throughput with ``--concurrency``.
+Medians over rounds are printed, with ratios against ``bare``.
+
+    .venv/bin/python benchmarks/overhead.py [--rounds 3] [--seconds 4] [--concurrency 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+
+CHUNKS = 16
+VARIANTS = ("bare", "stagelens", "metrics", "otel")
+
+UPSTREAM = textwrap.dedent(
+    """
+    import json
+    from starlette.applications import Starlette
+    from starlette.responses import StreamingResponse
+    from starlette.routing import Route
+
+    USAGE = {"prompt_tokens": 300, "completion_tokens": 16, "total_tokens": 316,
+             "prompt_tokens_details": {"cached_tokens": 128}}
+    METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
+
+    async def chat(request):
+        body = await request.json()
+        async def events():
+            for i in range(CHUNKS):
+                chunk = {"id": "chatcmpl-1", "model": body["model"], "choices": [
+                    {"index": 0, "delta": {"content": f"tok{i} "},
+                     "finish_reason": "length" if i == CHUNKS - 1 else None}]}
+                yield f"data: {json.dumps(chunk)}\\n\\n"
+            final = {"id": "chatcmpl-1", "model": body["model"], "choices": [],
+                     "usage": USAGE, "metrics": METRICS}
+            yield f"data: {json.dumps(final)}\\n\\n"
+            yield "data: [DONE]\\n\\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    """
+).replace("CHUNKS", str(CHUNKS))
+
+SINK = textwrap.dedent(
+    """
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def traces(request):
+        await request.body()
+        return Response(b"", media_type="application/x-protobuf")
+
+    app = Starlette(routes=[Route("/v1/traces", traces, methods=["POST"])])
+    """
+)
+
+PROXY = textwrap.dedent(
+    """
+    import os
+    import httpx
+    from fastapi import FastAPI, Request
+    from starlette.responses import StreamingResponse
+
+    VARIANT = os.environ["BENCH_VARIANT"]
+    UPSTREAM = os.environ["BENCH_UPSTREAM"]
+    client = httpx.AsyncClient(base_url=UPSTREAM, timeout=30)
+    app = FastAPI()
+
+    if VARIANT in ("stagelens", "metrics"):
+        import stagelens
+        from stagelens import Stage, stage
+        telemetry = stagelens.configure()
+        if not os.environ.get("BENCH_NO_HTTPX"):
+            stagelens.instrument_httpx_client(client, telemetry=telemetry)
+    else:
+        from contextlib import nullcontext as _null
+
+        class Stage:
+            TOKENIZER = ROUTER = POSTPROCESS = None
+
+        def stage(_name):
+            return _null()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        with stage(Stage.TOKENIZER):
+            n = len(str(body.get("messages")))
+        with stage(Stage.ROUTER):
+            pass
+        upstream = await client.send(
+            client.build_request("POST", "/v1/chat/completions", json=body), stream=True
+        )
+
+        async def relay():
+            try:
+                async for chunk in upstream.aiter_raw():
+                    with stage(Stage.POSTPROCESS) if chunk.startswith(b"data: [DONE]") else _noop:
+                        pass
+                    yield chunk
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    class _Noop:
+        def __enter__(self):
+            return self
+        def __exit__(self, *a):
+            return None
+
+    _noop = _Noop()
+
+    if VARIANT in ("stagelens", "metrics") and not os.environ.get("BENCH_NO_APP"):
+        stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")
+    elif VARIANT == "otel":
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(provider)
+        HTTPXClientInstrumentor.instrument_client(client, tracer_provider=provider)
+        FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)
+    """
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(module_dir: Path, module: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1",
+        "--port", str(port), "--log-level", "warning", "--no-access-log",
+        "--app-dir", str(module_dir),
+    ]
+    return subprocess.Popen(cmd, env={**os.environ, **env})
+
+
+def wait_up(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+BODY = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+
+
+async def one(client: httpx.AsyncClient) -> float:
+    t0 = time.perf_counter()
+    async with client.stream("POST", "/v1/chat/completions", json=BODY) as r:
+        async for _ in r.aiter_raw():
+            pass
+        if r.status_code != 200:
+            raise SystemExit(f"proxy answered {r.status_code}")
+    return time.perf_counter() - t0
+
+
+def cpu_seconds(pid: int) -> float:
+    """user+system CPU seconds the process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(
+    url: str, seconds: float, concurrency: int, pid: int
+) -> tuple[float, float, float]:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as client:
+        for _ in range(20):  # warm-up
+            await one(client)
+        latencies = []
+        end = time.perf_counter() + seconds / 3
+        while time.perf_counter() < end:
+            latencies.append(await one(client))
+        p50 = statistics.median(latencies)
+        done = 0
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                await one(client)
+                done += 1
+
+        t0 = time.perf_counter()
+        cpu0 = cpu_seconds(pid)
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        cpu_per_request = (cpu_seconds(pid) - cpu0) / max(done, 1)
+        return done / (time.perf_counter() - t0), p50, cpu_per_request
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="stagelens-bench-"))
+    (work / "bench_upstream.py").write_text(UPSTREAM)
+    (work / "bench_sink.py").write_text(SINK)
+    (work / "bench_proxy.py").write_text(PROXY)
+    up_port, sink_port = free_port(), free_port()
+    procs = [serve(work, "bench_upstream", up_port, {}), serve(work, "bench_sink", sink_port, {})]
+    results: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}
+    try:
+        wait_up(f"http://127.0.0.1:{up_port}/")
+        wait_up(f"http://127.0.0.1:{sink_port}/")
+        for r in range(args.rounds):
+            for variant in variants:
+                port = free_port()
+                env = {
+                    "BENCH_VARIANT": variant,
+                    "BENCH_UPSTREAM": f"http://127.0.0.1:{up_port}",
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces",
+                    "OTEL_TRACES_SAMPLER": "always_off" if variant == "metrics" else "always_on",
+                    "OTEL_SERVICE_NAME": "bench-proxy",
+                }
+                proxy = serve(work, "bench_proxy", port, env)
+                try:
+                    wait_up(f"http://127.0.0.1:{port}/docs")
+                    rps, p50, cpu = asyncio.run(
+                        measure(f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid)
+                    )
+                finally:
+                    proxy.terminate()
+                    proxy.wait(10)
+                results[variant].append((rps, p50, cpu))
+                print(
+                    f"round {r + 1}/{args.rounds} {variant:10s} {rps:7.1f} req/s  "
+                    f"p50 {p50 * 1000:6.2f} ms  proxy cpu {cpu * 1000:5.2f} ms/req",
+                    flush=True,
+                )
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+    base = results.get("bare") or [(1.0, 0.0, 1.0)]
+    base_rps = statistics.median(x[0] for x in base)
+    base_p50 = statistics.median(x[1] for x in base)
+    base_cpu = statistics.median(x[2] for x in base)
+    print()
+    print(
+        f"{'variant':10s} {'req/s':>8s} {'vs bare':>8s} {'p50 ms':>8s} {'added p50':>10s} "
+        f"{'cpu ms/req':>11s} {'cpu vs bare':>12s}"
+    )
+    summary = {}
+    for variant in variants:
+        rps = statistics.median(x[0] for x in results[variant])
+        p50 = statistics.median(x[1] for x in results[variant])
+        cpu = statistics.median(x[2] for x in results[variant])
+        summary[variant] = {
+            "rps": rps, "p50_ms": p50 * 1000, "ratio": rps / base_rps,
+            "added_p50_ms": (p50 - base_p50) * 1000, "cpu_ms_per_request": cpu * 1000,
+            "cpu_ratio": cpu / base_cpu,
+        }
+        print(
+            f"{variant:10s} {rps:8.1f} {rps / base_rps:8.3f} {p50 * 1000:8.2f} "
+            f"{(p50 - base_p50) * 1000:+9.2f} {cpu * 1000:11.3f} {cpu / base_cpu:12.3f}"
+        )
+    print()
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
