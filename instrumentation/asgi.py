@@ -100,7 +100,10 @@ class StageLensMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] == "lifespan":
+                await self.app(scope, receive, self._flush_on_shutdown(send))
+            else:
+                await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
         if self._metrics_app is not None and path == self.metrics_path:
@@ -110,6 +113,21 @@ class StageLensMiddleware:
             await self.app(scope, receive, send)
             return
         await _RequestTracker(self, scope).run(receive, send)
+
+    def _flush_on_shutdown(self, send: Send) -> Send:
+        """Export queued spans before the server reports shutdown complete: servers that
+        re-raise SIGTERM (uvicorn) skip atexit hooks, which would lose the last batch."""
+        telemetry = self.telemetry
+
+        async def wrapped(message: Message) -> None:
+            if message["type"] == "lifespan.shutdown.complete":
+                try:
+                    await asyncio.to_thread(telemetry.force_flush, 5000)
+                except Exception as exc:
+                    telemetry.report_error("shutdown_flush", exc)
+            await send(message)
+
+        return wrapped
 
 
 class _RequestTracker:
