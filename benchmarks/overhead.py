@@ -161,9 +161,19 @@ def free_port() -> int:
 
 def serve(module_dir: Path, module: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     cmd = [
-        sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1",
-        "--port", str(port), "--log-level", "warning", "--no-access-log",
-        "--app-dir", str(module_dir),
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{module}:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--no-access-log",
+        "--app-dir",
+        str(module_dir),
     ]
     return subprocess.Popen(cmd, env={**os.environ, **env})
 
@@ -261,7 +271,9 @@ def main() -> None:
                 try:
                     wait_up(f"http://127.0.0.1:{port}/docs")
                     rps, p50, cpu = asyncio.run(
-                        measure(f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid)
+                        measure(
+                            f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid
+                        )
                     )
                 finally:
                     proxy.terminate()
@@ -292,8 +304,11 @@ def main() -> None:
         p50 = statistics.median(x[1] for x in results[variant])
         cpu = statistics.median(x[2] for x in results[variant])
         summary[variant] = {
-            "rps": rps, "p50_ms": p50 * 1000, "ratio": rps / base_rps,
-            "added_p50_ms": (p50 - base_p50) * 1000, "cpu_ms_per_request": cpu * 1000,
+            "rps": rps,
+            "p50_ms": p50 * 1000,
+            "ratio": rps / base_rps,
+            "added_p50_ms": (p50 - base_p50) * 1000,
+            "cpu_ms_per_request": cpu * 1000,
             "cpu_ratio": cpu / base_cpu,
         }
         print(
