@@ -16,7 +16,7 @@ typecheck:
 	bash scripts/typecheck.sh
 
 generate:
-	@true
+	$(PY) -m stagelens.cli slo render --out alerts
 
 drift: generate
 	git diff --exit-code -- dashboards alerts deploy
