@@ -7,9 +7,9 @@ import importlib.metadata
 import fastapi
 import httpx
 import pytest
+from stagelens.instrumentation import uninstrument_app
 
 from stagelens import FastAPIInstrumentor, StageLensMiddleware, instrument_app
-from stagelens.instrumentation import uninstrument_app
 
 pytestmark = pytest.mark.anyio
 
