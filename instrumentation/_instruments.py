@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar
+from bisect import bisect_left
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -26,7 +26,6 @@ from stagelens.buckets import (
 from stagelens.config import Settings
 from stagelens.errors import ConfigurationError
 
-_K = TypeVar("_K")
 _Child = Any  # prometheus_client label children are untyped in its public API
 
 
@@ -189,9 +188,27 @@ def instruments_for(registry: CollectorRegistry, settings: Settings) -> Instrume
         return found
 
 
-def count_error(instruments: Instruments | None, component: str) -> Callable[[], None]:
-    """Return a cheap callable that counts one telemetry error for ``component``."""
-    if instruments is None:
-        return lambda: None
-    child = instruments.telemetry_errors.get(component)
-    return lambda: child.inc()
+def observe_many(child: _Child, values: list[float]) -> None:
+    """Observe ``values`` on a histogram child at once: a bisect per value, one increment per
+    touched bucket. Equivalent to ``observe()`` in a loop (tested), at a fraction of the cost
+    for the ~tens of inter-token gaps of a streamed response.
+
+    Uses prometheus-client's histogram storage (``_upper_bounds``, ``_buckets``, ``_sum``,
+    stable since 0.4); falls back to ``observe()`` if a future version changes it.
+    """
+    if not values:
+        return
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(bounds) != len(buckets):
+        for value in values:
+            child.observe(value)
+        return
+    counts: dict[int, int] = {}
+    for value in values:
+        index = bisect_left(bounds, value)
+        counts[index] = counts.get(index, 0) + 1
+    total.inc(sum(values))
+    for index, n in counts.items():
+        buckets[index].inc(n)

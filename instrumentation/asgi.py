@@ -22,6 +22,7 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from stagelens.instrumentation._instruments import observe_many
 from stagelens.instrumentation._request import RequestState, _enter, _exit
 from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 from stagelens.instrumentation.hooks import Rejected, bill, stage
@@ -134,7 +135,7 @@ class _RequestTracker:
     """Everything about one request; lives exactly as long as it."""
 
     __slots__ = (
-        "_itl",
+        "_gaps",
         "_last_chunk",
         "_mw",
         "_response_done",
@@ -151,7 +152,8 @@ class _RequestTracker:
         self._response_started = False
         self._response_done = False
         self._last_chunk = 0.0
-        self._itl: Any = None
+        self._gaps: list[float] = []
+        """Inter-token gaps, recorded at the end with the request's final model label."""
         self._state: RequestState | None = None
 
     async def run(self, receive: Receive, send: Send) -> None:
@@ -234,23 +236,22 @@ class _RequestTracker:
     def _wrap_send(self, send: Send) -> Send:
         state = self._state
         assert state is not None
+        gaps = self._gaps
+        perf_counter = time.perf_counter
 
         async def wrapped_send(message: Message) -> None:
-            kind = message["type"]
-            if kind == "http.response.body":
-                body = message.get("body", b"")
+            if message["type"] == "http.response.body":
+                body = message.get("body")
                 if body:
-                    now = time.perf_counter()
+                    now = perf_counter()
                     if state.first_token_at is None:
                         state.first_token_at = now
                     elif self._sse and not body.startswith(_DONE):
-                        if self._itl is None:
-                            self._itl = state.telemetry.instruments.itl.get(state.model_label)
-                        self._itl.observe(now - self._last_chunk)
+                        gaps.append(now - self._last_chunk)
                     self._last_chunk = now
                 if not message.get("more_body", False):
                     self._response_done = True
-            elif kind == "http.response.start":
+            elif message["type"] == "http.response.start":
                 self._response_started = True
                 state.code = int(message["status"])
                 for key, value in message.get("headers", ()):
@@ -303,6 +304,7 @@ class _RequestTracker:
         instruments.requests.get(model, code_label).inc()
         if state.first_token_at is not None:
             instruments.ttft.get(model).observe(state.first_token_at - state.started_at)
+        observe_many(instruments.itl.get(model), self._gaps)
         root = state.root_span
         if root.is_recording():
             route = self._scope.get("route")

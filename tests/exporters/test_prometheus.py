@@ -96,3 +96,28 @@ def test_register_collector_lands_on_the_exposition_registry() -> None:
     registry = CollectorRegistry()
     register_collector(One(), registry)
     assert registry.get_sample_value("stagelens_test_one") == 1.0
+
+
+def test_observe_many_equals_observe_in_a_loop() -> None:
+    """The bulk histogram update gives exactly the samples of repeated observe()."""
+    from prometheus_client import Histogram
+    from stagelens.instrumentation._instruments import observe_many
+
+    from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
+
+    values = [0.0001, 0.0005, 0.001, 0.0011, 0.004, 0.004, 0.3, 2.5, 7.0, 0.0]
+    a, b = CollectorRegistry(), CollectorRegistry()
+    ha = Histogram("h", "h", ["m"], buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=a).labels("x")
+    hb = Histogram("h", "h", ["m"], buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=b).labels("x")
+    for v in values:
+        ha.observe(v)
+    observe_many(hb, values)
+    samples_a = [(s.name, s.labels, s.value) for m in a.collect() for s in m.samples]
+    samples_b = [
+        (s.name, s.labels, s.value)
+        for m in b.collect()
+        for s in m.samples
+        if not s.name.endswith("_created")
+    ]
+    samples_a = [x for x in samples_a if not x[0].endswith("_created")]
+    assert samples_a == samples_b
