@@ -17,6 +17,7 @@ typecheck:
 
 generate:
 	$(PY) -m stagelens.cli slo render --out alerts
+	$(PY) -m stagelens.dashboards.build --out dashboards
 
 drift: generate
 	git diff --exit-code -- dashboards alerts deploy

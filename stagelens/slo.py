@@ -118,6 +118,8 @@ class SloConfig(BaseModel):
     backend_job_regex: str = ".*vllm.*"
     """Prometheus ``job`` label of the vLLM backends scraped (StagelensBackendDown)."""
     backend_down_for: str = "2m"
+    gpu_hourly_cost_usd: float = Field(default=2.0, ge=0)
+    """Price of one GPU-hour, for the dashboards' GPU-time cost per token."""
     runbook_base_url: str = "https://github.com/stagelens/stagelens/blob/main/alerts/runbook.md"
 
     @field_validator(
