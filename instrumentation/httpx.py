@@ -100,7 +100,7 @@ class _UpstreamCall:
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
         request_id = request.headers.get(sc.HEADER_REQUEST_ID)
         if request_id is None:
-            request_id = (state.request_id if state is not None else None) or uuid.uuid4().hex
+            request_id = _mint_request_id(self.span)
             request.headers[sc.HEADER_REQUEST_ID] = request_id
         if state is not None:
             state.request_id = request_id
@@ -271,6 +271,16 @@ class _UpstreamCall:
     def _capture_output(self, body: dict[str, Any]) -> None:
         messages = [c.get("message") or {"text": c.get("text")} for c in body.get("choices") or ()]
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+
+
+def _mint_request_id(span: trace.Span) -> str:
+    """``<trace-id>-<span-id>`` of the inference span when it is recorded, so that the engine
+    side (the vLLM plugin) can join its spans to this trace from the request id alone;
+    a random id otherwise."""
+    ctx = span.get_span_context()
+    if span.is_recording() and ctx.is_valid:
+        return f"{ctx.trace_id:032x}-{ctx.span_id:016x}"
+    return uuid.uuid4().hex
 
 
 def _start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:

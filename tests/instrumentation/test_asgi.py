@@ -104,7 +104,7 @@ class TestRequestTraces:
         trace_id = f"{inference.context.trace_id:032x}"
         span_id = f"{inference.context.span_id:016x}"
         assert headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
-        assert len(headers["x-request-id"]) == 32
+        assert headers["x-request-id"] == f"{trace_id}-{span_id}"
         assert inference.attributes[semconv.ATTR_VLLM_REQUEST_ID] == headers["x-request-id"]
 
     async def test_incoming_traceparent_is_continued(

@@ -1,0 +1,117 @@
+"""Plain data read from vLLM's engine statistics: the one adapter between vLLM and stagelens.
+
+Why one narrow adapter: vLLM's ``SchedulerStats``, ``IterationStats`` and
+``FinishedRequestStats`` are explicitly not a stable interface. Everything stagelens needs
+from them is read here, by attribute name, with a default when a field is missing; the first
+miss of each field logs one warning (naming the vLLM version to check) and never raises, so
+an older or newer vLLM degrades to fewer numbers instead of a crashed engine.
+
+No vLLM or exporter import here: the stat logger (``stagelens.instrumentation.vllm``)
+consumes these dataclasses, and tests build them without an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("stagelens.vllm")
+
+_warned: set[str] = set()
+
+
+def _read(obj: Any, name: str, default: Any, where: str) -> Any:
+    """``getattr`` that warns once per missing field instead of raising."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        key = f"{where}.{name}"
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning(
+                "stagelens vLLM plugin: %s has no field %r (vLLM version differs from the "
+                "tested 0.32); the metrics that need it are not recorded",
+                where,
+                name,
+            )
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSample:
+    """One scheduler step: queue depths, KV-cache use, prefix-cache lookups."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    prefix_queries: int
+    prefix_hits: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """A finished request's engine phases (seconds) and ids.
+
+    ``queue`` runs from the request's arrival at the engine's front end to its first
+    scheduling (vLLM's ``queued_time`` plus the front end's own work), ``prefill`` from
+    then to the first token, ``decode`` from the first to the last token.
+    """
+
+    request_id: str | None
+    queue: float
+    prefill: float
+    decode: float
+    e2e: float
+    prompt_tokens: int
+    generation_tokens: int
+    cached_tokens: int
+
+
+@dataclass(slots=True)
+class IterationSample:
+    """One engine iteration: preemptions and the requests that finished in it."""
+
+    preemptions: int = 0
+    finished: list[FinishedRequest] = field(default_factory=list)
+
+
+def read_scheduler(stats: Any) -> SchedulerSample:
+    """Read a vLLM ``SchedulerStats``."""
+    prefix = _read(stats, "prefix_cache_stats", None, "SchedulerStats")
+    return SchedulerSample(
+        running=int(_read(stats, "num_running_reqs", 0, "SchedulerStats")),
+        waiting=int(_read(stats, "num_waiting_reqs", 0, "SchedulerStats")),
+        kv_cache_usage=float(_read(stats, "kv_cache_usage", 0.0, "SchedulerStats")),
+        prefix_queries=int(_read(prefix, "queries", 0, "PrefixCacheStats")) if prefix else 0,
+        prefix_hits=int(_read(prefix, "hits", 0, "PrefixCacheStats")) if prefix else 0,
+    )
+
+
+def read_iteration(stats: Any) -> IterationSample:
+    """Read a vLLM ``IterationStats`` and its ``FinishedRequestStats``."""
+    sample = IterationSample(
+        preemptions=int(_read(stats, "num_preempted_reqs", 0, "IterationStats"))
+    )
+    for finished in _read(stats, "finished_requests", (), "IterationStats"):
+        where = "FinishedRequestStats"
+        queued = max(float(_read(finished, "queued_time", 0.0, where)), 0.0)
+        prefill = max(float(_read(finished, "prefill_time", 0.0, where)), 0.0)
+        decode = max(float(_read(finished, "decode_time", 0.0, where)), 0.0)
+        e2e = float(_read(finished, "e2e_latency", 0.0, where))
+        sample.finished.append(
+            FinishedRequest(
+                request_id=_read(finished, "request_id", None, where),
+                # queue = arrival -> first scheduled: vLLM's queued_time plus the frontend
+                # work before it (tokenisation, IPC), so queue + prefill + decode covers
+                # vLLM's e2e latency. Falls back to queued_time without an e2e figure.
+                queue=max(e2e - prefill - decode, queued) if e2e > 0 else queued,
+                prefill=prefill,
+                decode=decode,
+                e2e=e2e,
+                prompt_tokens=int(_read(finished, "num_prompt_tokens", 0, where)),
+                generation_tokens=int(_read(finished, "num_generation_tokens", 0, where)),
+                cached_tokens=int(_read(finished, "num_cached_tokens", 0, where)),
+            )
+        )
+    return sample
