@@ -13,6 +13,7 @@ import statistics
 import time
 
 from prometheus_client import CollectorRegistry
+from stagelens.instrumentation.vllm import StageLensStatLogger
 from vllm.v1.metrics.stats import (
     FinishedRequestStats,
     IterationStats,
@@ -20,11 +21,9 @@ from vllm.v1.metrics.stats import (
     SchedulerStats,
 )
 
-from stagelens.instrumentation.vllm import StageLensStatLogger
-
 
 class _Config:
-    class model_config:  # noqa: N801 - mimics vllm_config.model_config
+    class model_config:
         served_model_name = "tiny"
 
 
