@@ -78,7 +78,8 @@ def render_previews(
             for target in panel["targets"]:
                 expr = _substitute(target["expr"], window, span)
                 if panel["type"] in {"timeseries", "heatmap"}:
-                    params = {"query": expr, "start": start, "end": end, "step": 5}
+                    step = max(1.0, minutes * 60 / 120)
+                    params = {"query": expr, "start": start, "end": end, "step": step}
                     url = f"{prometheus_url}/api/v1/query_range?" + urllib.parse.urlencode(params)
                     for series in _get(url)[:12]:
                         xs = [float(t) - end for t, _ in series["values"]]
@@ -91,7 +92,8 @@ def render_previews(
                     )
                     result = _get(url)
                     labels = [
-                        _legend(target.get("legendFormat", ""), s["metric"])[:30] for s in result
+                        " ".join([*s["metric"].values(), target.get("legendFormat", "")])[:36]
+                        for s in result
                     ]
                     values = [float(s["value"][1]) for s in result]
                     ax.barh([f"{lab} {target['refId']}" for lab in labels], values, height=0.6)

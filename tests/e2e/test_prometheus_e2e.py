@@ -248,9 +248,9 @@ def stack(
 
 class TestPrometheusEndToEnd:
     def test_every_panel_query_returns_series(
-        self, stack: tuple[Gateway, PromStack, WebhookSink]
+        self, stack: tuple[Gateway, PromStack, WebhookSink], tmp_path: Path
     ) -> None:
-        """Under real traffic every dashboard query evaluates without error and returns series."""
+        """Under real traffic every panel query evaluates and returns series; previews render."""
         gateway, prom, _ = stack
         started = time.monotonic()
         sent = send_traffic(gateway, seconds=25)
@@ -268,10 +268,19 @@ class TestPrometheusEndToEnd:
             f"e2e panels: {len(queries)} queries, {sent} requests,"
             f" {time.monotonic() - started:.1f}s"
         )
-        if os.environ.get("STAGELENS_PREVIEWS_OUT"):
-            from stagelens.previews import render_previews
+        from stagelens.previews import render_previews
 
-            render_previews(prom.prometheus_url, Path(os.environ["STAGELENS_PREVIEWS_OUT"]))
+        out = Path(os.environ.get("STAGELENS_PREVIEWS_OUT") or tmp_path)
+        pictures = render_previews(
+            prom.prometheus_url, out, minutes=(time.monotonic() - started) / 60
+        )
+        assert [p.name for p in pictures] == [
+            "stagelens-request-path.png",
+            "stagelens-tokens-cost.png",
+            "stagelens-engine-gpu.png",
+            "stagelens-slos.png",
+        ]
+        assert all(p.stat().st_size > 10_000 for p in pictures)
 
     def test_ttft_breach_reaches_alertmanager(
         self, stack: tuple[Gateway, PromStack, WebhookSink]
