@@ -254,33 +254,45 @@ class _SpanBuilder:
                         logger.debug("stagelens vLLM plugin: span dropped (%r)", exc)
 
     def _emit(self, trace: Any, model: str, ended: float, request: FinishedRequest) -> None:
-        match = _TRACE_IN_ID.search(request.request_id or "")
-        if match is None:
-            return  # not a stagelens-minted id: nothing to join
-        parent = trace.set_span_in_context(
-            trace.NonRecordingSpan(
-                trace.SpanContext(
-                    trace_id=int(match.group(1), 16),
-                    span_id=int(match.group(2), 16),
-                    is_remote=True,
-                    trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
-                )
+        emit_engine_spans(self._tracer, model, ended, request)
+
+
+def emit_engine_spans(tracer: Any, model: str, ended: float, request: FinishedRequest) -> int:
+    """Emit ``queue``/``prefill``/``decode`` for one finished request; returns spans made.
+
+    The parent is the gateway's inference span, recovered from a stagelens-minted request id
+    (``<trace-id>-<span-id>``, found anywhere in vLLM's id, which adds its own prefix and
+    suffix). Other ids get no spans: ``FinishedRequestStats`` carries no trace headers.
+    Phases end where the next begins, the last one at the iteration that finished the request.
+    """
+    from opentelemetry import trace
+
+    match = _TRACE_IN_ID.search(request.request_id or "")
+    if match is None:
+        return 0  # not a stagelens-minted id: nothing to join
+    parent = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(
+                trace_id=int(match.group(1), 16),
+                span_id=int(match.group(2), 16),
+                is_remote=True,
+                trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
             )
         )
-        end_ns = int(ended * 1e9)
-        attributes = {
-            sc.ATTR_STAGE: "inference",
-            sc.ATTR_VLLM_REQUEST_ID: request.request_id or "",
-            sc.GEN_AI_REQUEST_MODEL: model,
-        }
-        for name, seconds in (
-            (sc.SPAN_ENGINE_DECODE, request.decode),
-            (sc.SPAN_ENGINE_PREFILL, request.prefill),
-            (sc.SPAN_ENGINE_QUEUE, request.queue),
-        ):
-            start_ns = end_ns - int(seconds * 1e9)
-            span = self._tracer.start_span(
-                name, context=parent, start_time=start_ns, attributes=attributes
-            )
-            span.end(end_time=end_ns)
-            end_ns = start_ns
+    )
+    end_ns = int(ended * 1e9)
+    attributes = {
+        sc.ATTR_STAGE: "inference",
+        sc.ATTR_VLLM_REQUEST_ID: request.request_id or "",
+        sc.GEN_AI_REQUEST_MODEL: model,
+    }
+    for name, seconds in (
+        (sc.SPAN_ENGINE_DECODE, request.decode),
+        (sc.SPAN_ENGINE_PREFILL, request.prefill),
+        (sc.SPAN_ENGINE_QUEUE, request.queue),
+    ):
+        start_ns = end_ns - int(seconds * 1e9)
+        span = tracer.start_span(name, context=parent, start_time=start_ns, attributes=attributes)
+        span.end(end_time=end_ns)
+        end_ns = start_ns
+    return 3

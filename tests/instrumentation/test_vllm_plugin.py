@@ -118,6 +118,61 @@ class TestRecord:
         assert slow.finished[0].queue == pytest.approx(0.18)
 
 
+class TestEngineSpans:
+    """Engine spans join the gateway's trace only through a stagelens-minted request id."""
+
+    def _provider(self):
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return provider, exporter
+
+    def test_minted_id_makes_three_children_of_the_inference_span(self) -> None:
+        """A ``<trace>-<span>`` id inside vLLM's id parents queue/prefill/decode, back to back."""
+        from stagelens.instrumentation.vllm import emit_engine_spans
+
+        provider, exporter = self._provider()
+        trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+        request = read_iteration(
+            SimpleNamespace(
+                finished_requests=[_finished(request_id=f"cmpl-{trace_id}-{span_id}-0-ab12")]
+            )
+        ).finished[0]
+        made = emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request)
+        spans = {s.name: s for s in exporter.get_finished_spans()}
+        assert made == 3
+        assert sorted(spans) == [
+            semconv.SPAN_ENGINE_DECODE,
+            semconv.SPAN_ENGINE_PREFILL,
+            semconv.SPAN_ENGINE_QUEUE,
+        ]
+        for span in spans.values():
+            assert span.context.trace_id == int(trace_id, 16)
+            assert span.parent is not None
+            assert span.parent.span_id == int(span_id, 16)
+            assert span.attributes[semconv.GEN_AI_REQUEST_MODEL] == "tiny"
+        assert spans["decode"].end_time == 1000 * 10**9
+        assert spans["prefill"].end_time == spans["decode"].start_time
+        assert spans["queue"].end_time == spans["prefill"].start_time
+        total = (spans["decode"].end_time - spans["queue"].start_time) / 1e9
+        assert total == pytest.approx(request.e2e, abs=1e-6)
+
+    def test_foreign_request_id_makes_no_spans(self) -> None:
+        """A plain client's id (no trace in it) emits nothing rather than an orphan trace."""
+        from stagelens.instrumentation.vllm import emit_engine_spans
+
+        provider, exporter = self._provider()
+        request = read_iteration(
+            SimpleNamespace(finished_requests=[_finished(request_id="chatcmpl-42")])
+        ).finished[0]
+        assert emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
+        assert exporter.get_finished_spans() == ()
+
+
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     out = {}
