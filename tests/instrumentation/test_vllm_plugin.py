@@ -118,6 +118,54 @@ class TestRecord:
         assert slow.finished[0].queue == pytest.approx(0.18)
 
 
+_MULTIPROC_CHILD = """
+import sys
+from types import SimpleNamespace
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
+from stagelens.instrumentation.vllm import StageLensStatLogger
+
+cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
+stats = SimpleNamespace(
+    num_running_reqs=3, num_waiting_reqs=0, kv_cache_usage=0.5,
+    prefix_cache_stats=SimpleNamespace(queries=256, hits=128),
+)
+fin = SimpleNamespace(request_id="r", queued_time=0.1, prefill_time=0.2, decode_time=0.3,
+                      e2e_latency=0.6, num_prompt_tokens=1, num_generation_tokens=1,
+                      num_cached_tokens=0)
+StageLensStatLogger(cfg, 0).record(stats, SimpleNamespace(finished_requests=[fin]))
+merged = CollectorRegistry()
+MultiProcessCollector(merged)
+labels = {"backend": "b", "model": "tiny"}
+print(merged.get_sample_value("stagelens_kv_cache_hits_total", labels),
+      merged.get_sample_value("stagelens_kv_cache_usage_ratio", labels),
+      merged.get_sample_value(
+          "stagelens_engine_phase_duration_seconds_count", {"phase": "decode", "model": "tiny"}))
+"""
+
+
+class TestMultiprocess:
+    """With PROMETHEUS_MULTIPROC_DIR set (vLLM with several API servers) the metrics go to files."""
+
+    def test_metrics_reach_the_multiprocess_files(self, tmp_path) -> None:
+        """A fresh process records into the shared directory; MultiProcessCollector reads it."""
+        import os
+        import subprocess
+        import sys
+
+        env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path), STAGELENS_BACKEND="b")
+        done = subprocess.run(
+            [sys.executable, "-c", _MULTIPROC_CHILD],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        assert done.stdout.split()[-3:] == ["128.0", "0.5", "1.0"]
+        assert any(p.name.startswith("counter_") for p in tmp_path.iterdir())
+
+
 class TestEngineSpans:
     """Engine spans join the gateway's trace only through a stagelens-minted request id."""
 
