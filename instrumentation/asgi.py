@@ -39,6 +39,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 GatewayHook = Callable[[Scope], Any]
 """``hook(scope)`` (sync or async). Return a tenant name (auth) or None; raise ``Rejected``
 to answer the client (401, 429, ...)."""
+BodyHook = Callable[[Scope, bytes], Any]
+"""``hook(scope, body)`` (sync or async): validate the request body inside the gateway stage
+(schema checks); raise ``Rejected`` to answer 400. The body is read once and replayed."""
 SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
 
@@ -79,6 +82,7 @@ class StageLensMiddleware:
         settings: Settings | None = None,
         auth_hook: GatewayHook | None = None,
         rate_limit_hook: GatewayHook | None = None,
+        body_hook: BodyHook | None = None,
         request_hook: SpanHook | None = None,
         response_hook: SpanHook | None = None,
         metrics_path: str | None = None,
@@ -89,6 +93,7 @@ class StageLensMiddleware:
         self.telemetry = telemetry
         self.auth_hook = auth_hook
         self.rate_limit_hook = rate_limit_hook
+        self.body_hook = body_hook
         self.request_hook = request_hook
         self.response_hook = response_hook
         self.metrics_path = metrics_path
@@ -172,7 +177,7 @@ class _RequestTracker:
         try:
             if mw.request_hook is not None:
                 self._run_span_hook(mw.request_hook, root, "request_hook")
-            rejection = await self._gateway()
+            rejection, receive = await self._gateway(receive)
             if rejection is not None:
                 await self._send_rejection(rejection, send)
             else:
@@ -186,12 +191,12 @@ class _RequestTracker:
             context.detach(ctx_token)
 
     # -- gateway stage -----------------------------------------------------------------
-    async def _gateway(self) -> Rejected | None:
+    async def _gateway(self, receive: Receive) -> tuple[Rejected | None, Receive]:
         mw, state = self._mw, self._state
         assert state is not None
-        if mw.auth_hook is None and mw.rate_limit_hook is None:
+        if mw.auth_hook is None and mw.rate_limit_hook is None and mw.body_hook is None:
             with stage(Stage.GATEWAY):
-                return None
+                return None, receive
         try:
             with stage(Stage.GATEWAY):
                 if mw.auth_hook is not None:
@@ -200,9 +205,12 @@ class _RequestTracker:
                         state.set_tenant(tenant)
                 if mw.rate_limit_hook is not None:
                     await _maybe_await(mw.rate_limit_hook(self._scope))
+                if mw.body_hook is not None:
+                    body, receive = await _read_body(receive)
+                    await _maybe_await(mw.body_hook(self._scope, body))
         except Rejected as rejection:
-            return rejection
-        return None
+            return rejection, receive
+        return None, receive
 
     async def _send_rejection(self, rejection: Rejected, send: Send) -> None:
         body = json.dumps(rejection.body()).encode()
@@ -328,6 +336,34 @@ class _RequestTracker:
             if self._mw.response_hook is not None:
                 self._run_span_hook(self._mw.response_hook, root, "response_hook")
         root.end()
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
+    """Read the whole request body; return it and a receive that replays it first."""
+    chunks: list[bytes] = []
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            replay_disconnect = message
+
+            async def disconnected() -> Message:
+                return replay_disconnect
+
+            return b"".join(chunks), disconnected
+        chunks.append(message.get("body", b""))
+        more = bool(message.get("more_body", False))
+    body = b"".join(chunks)
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, replay
 
 
 def _is_cancellation(error: BaseException) -> bool:

@@ -19,7 +19,12 @@ from typing import Final
 from stagelens import __version__
 from stagelens.errors import StageLensError
 
-SUBCOMMAND_MODULES: Final[tuple[str, ...]] = ("stagelens.alert_rules", "stagelens.previews")
+SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
+    "stagelens.demo",
+    "stagelens.report",
+    "stagelens.alert_rules",
+    "stagelens.previews",
+)
 """Modules that contribute a subcommand, in help order."""
 
 

@@ -187,13 +187,17 @@ class VllmServer:
 
 
 @contextlib.contextmanager
-def running(servers: Sequence[VllmServer], timeout: float = 600.0) -> Iterator[None]:
+def running(
+    servers: Sequence[VllmServer],
+    timeout: float = 600.0,
+    progress: Callable[[float], None] | None = None,
+) -> Iterator[None]:
     """Start several servers at once, wait for all, stop all on exit."""
     try:
         for server in servers:
             server.start()
         for server in servers:
-            server.wait_ready(timeout=timeout)
+            server.wait_ready(timeout=timeout, progress=progress)
         yield
     finally:
         for server in servers:

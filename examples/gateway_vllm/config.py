@@ -1,0 +1,88 @@
+"""Gateway configuration: API keys, rate limits, model pools. One validated object.
+
+Why pydantic: a typo in a config file must fail at start-up with the field named, not as a
+500 on the first request.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stagelens.errors import ConfigurationError
+
+DEMO_API_KEY = "sk-stagelens-demo"
+"""The demo's API key (documented; override with a config file)."""
+
+
+class ModelPool(BaseModel):
+    """One served model: the backends that serve it and how to admit requests to them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backends: tuple[str, ...] = Field(min_length=1)
+    """Base URLs of vLLM OpenAI-compatible servers serving this model."""
+    upstream_model: str | None = None
+    """Model name at the backend, when it differs from the public name."""
+    tokenizer: str
+    """Model directory (or name) whose tokenizer counts prompt tokens."""
+    max_model_len: int = Field(default=2048, gt=0)
+    """Context window: prompt + max_tokens beyond it answers 400 before any GPU work."""
+    max_inflight: int = Field(default=64, gt=0)
+    """Admission control: requests in flight to this pool at once."""
+    admission_timeout_seconds: float = Field(default=5.0, gt=0)
+    """How long a request may wait for admission before 503."""
+
+
+class GatewayConfig(BaseModel):
+    """Everything the reference gateway needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    api_keys: dict[str, str] = Field(min_length=1)
+    """API key -> tenant name. Keys never appear in telemetry."""
+    rate_limit_per_second: float = Field(default=50.0, gt=0)
+    """Token-bucket refill rate per API key (requests per second)."""
+    rate_limit_burst: int = Field(default=100, gt=0)
+    """Token-bucket size per API key."""
+    models: dict[str, ModelPool] = Field(min_length=1)
+    """Public model name -> pool."""
+    balancing: Literal["least_outstanding", "prefix_affinity"] = "least_outstanding"
+    """Backend choice within a pool."""
+    prefix_affinity_chars: int = Field(default=256, gt=0)
+    """Prompt prefix length hashed for prefix-affinity routing."""
+    health_interval_seconds: float = Field(default=2.0, gt=0)
+    """Active health-check period."""
+    upstream_timeout_seconds: float = Field(default=60.0, gt=0)
+    """Upstream read timeout; exceeded answers 504."""
+    blocked_terms: tuple[str, ...] = ("ignore previous instructions", "rm -rf /")
+    """Default safety classifier: a completion containing one of these is withheld."""
+    price_table: Path | None = None
+    """Price table YAML for billing (None: stagelens's documented default)."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> GatewayConfig:
+        """Read a YAML config file; ConfigurationError names the bad field."""
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+            return cls.model_validate(data)
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigurationError(f"cannot read gateway config {path}: {exc}") from exc
+        except ValidationError as exc:
+            raise ConfigurationError(f"invalid gateway config {path}: {exc}") from exc
+
+
+def demo_config(backends: list[str], model_dir: str, api_key: str = DEMO_API_KEY) -> GatewayConfig:
+    """The demo: two served models, ``tiny`` and ``tiny-chat`` (vLLM serves both names), each
+    its own pool with its own admission limit."""
+    pool = {"backends": tuple(backends), "tokenizer": model_dir}
+    return GatewayConfig.model_validate(
+        {
+            "api_keys": {api_key: "demo"},
+            "models": {"tiny": pool, "tiny-chat": {**pool, "max_inflight": 8}},
+            "balancing": "prefix_affinity",
+        }
+    )

@@ -1,0 +1,145 @@
+"""``stagelens report --metrics-url URL``: the per-stage latency table of any instrumented
+service, read from its ``/metrics``.
+
+Why from ``/metrics`` and not traces: it works against any running service with no
+collector, and the quantiles are computed exactly as Prometheus's ``histogram_quantile``
+does (linear interpolation inside the bucket), so the table agrees with the dashboards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from stagelens import semconv as sc
+from stagelens.stages import STAGE_ORDER
+
+
+@dataclass
+class Histogram:
+    """Cumulative buckets (upper bound -> count), sum and count, summed over labels."""
+
+    buckets: dict[float, float]
+    total: float = 0.0
+    count: float = 0.0
+
+    def quantile(self, q: float) -> float:
+        """``histogram_quantile(q)``: linear interpolation within the bucket."""
+        if self.count <= 0:
+            return math.nan
+        rank = q * self.count
+        previous_bound, previous_count = 0.0, 0.0
+        for bound in sorted(self.buckets):
+            count = self.buckets[bound]
+            if count >= rank:
+                if math.isinf(bound):
+                    return previous_bound
+                width = count - previous_count
+                fraction = (rank - previous_count) / width if width > 0 else 0.0
+                return previous_bound + (bound - previous_bound) * fraction
+            previous_bound, previous_count = bound, count
+        return previous_bound
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else math.nan
+
+
+def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str, float]]:
+    """Histograms by (metric, stage-or-empty) and stage budgets from exposition text."""
+    hists: dict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram({}))
+    budgets: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if family.name == sc.STAGE_BUDGET:
+                budgets[labels.get(sc.LABEL_STAGE, "")] = value
+                continue
+            if family.name not in (sc.STAGE_DURATION, sc.REQUEST_DURATION, sc.TIME_TO_FIRST_TOKEN):
+                continue
+            key = (family.name, labels.get(sc.LABEL_STAGE, ""))
+            hist = hists[key]
+            if name.endswith("_bucket"):
+                bound = float(labels["le"])
+                hist.buckets[bound] = hist.buckets.get(bound, 0.0) + value
+            elif name.endswith("_sum"):
+                hist.total += value
+            elif name.endswith("_count"):
+                hist.count += value
+    return dict(hists), budgets
+
+
+def _ms(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds * 1000:8.2f}"
+
+
+def render_table(text: str) -> str:
+    """The table: stage, budget, p50, p95, mean share of end-to-end time."""
+    hists, budgets = parse_metrics(text)
+    e2e = hists.get((sc.REQUEST_DURATION, ""))
+    e2e_mean = e2e.mean if e2e is not None else math.nan
+    stages = [s.value for s in STAGE_ORDER]
+    stages += sorted(
+        {stage for (metric, stage) in hists if metric == sc.STAGE_DURATION} - set(stages)
+    )
+    lines = [
+        f"{'stage':14s} {'budget ms':>10s} {'p50 ms':>9s} {'p95 ms':>9s} {'share':>7s} "
+        f"{'count':>7s}",
+        "-" * 62,
+    ]
+    for stage in stages:
+        hist = hists.get((sc.STAGE_DURATION, stage))
+        if hist is None or hist.count == 0:
+            lines.append(f"{stage:14s} {_ms(budgets.get(stage, math.nan)):>10s} (no samples)")
+            continue
+        share = hist.mean / e2e_mean if e2e_mean and not math.isnan(e2e_mean) else math.nan
+        lines.append(
+            f"{stage:14s} {_ms(budgets.get(stage, math.nan)):>10s} {_ms(hist.quantile(0.5)):>9s} "
+            f"{_ms(hist.quantile(0.95)):>9s} {share * 100:6.1f}% {int(hist.count):7d}"
+        )
+    lines.append("-" * 62)
+    if e2e is not None and e2e.count:
+        lines.append(
+            f"{'end-to-end':14s} {'':>10s} {_ms(e2e.quantile(0.5)):>9s} "
+            f"{_ms(e2e.quantile(0.95)):>9s} {100.0:6.1f}% {int(e2e.count):7d}"
+        )
+    ttft = hists.get((sc.TIME_TO_FIRST_TOKEN, ""))
+    if ttft is not None and ttft.count:
+        lines.append(
+            f"{'TTFT':14s} {'':>10s} {_ms(ttft.quantile(0.5)):>9s} {_ms(ttft.quantile(0.95)):>9s}"
+        )
+    lines.append("share = mean stage time / mean end-to-end time (streamed responses overlap")
+    lines.append("inference with postprocess, so shares need not add to 100 %)")
+    return "\n".join(lines)
+
+
+def fetch(url: str, timeout: float = 10.0) -> str:
+    """GET the exposition text."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+def add_parser(subparsers: Any) -> None:
+    """``stagelens report``."""
+    parser = subparsers.add_parser(
+        "report", help="print the per-stage latency table from a service's /metrics"
+    )
+    parser.add_argument("--metrics-url", required=True, help="e.g. http://127.0.0.1:8080/metrics")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        text = fetch(args.metrics_url)
+    except OSError as exc:
+        print(f"stagelens report: cannot read {args.metrics_url}: {exc}")
+        return 1
+    print(render_table(text))
+    return 0
