@@ -341,25 +341,24 @@ class _RequestTracker:
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
     """Read the whole request body; return it and a receive that replays it first."""
     chunks: list[bytes] = []
-    more = True
-    while more:
+    pending: Message | None = None
+    while True:
         message = await receive()
         if message["type"] != "http.request":
-            replay_disconnect = message
-
-            async def disconnected() -> Message:
-                return replay_disconnect
-
-            return b"".join(chunks), disconnected
+            pending = message  # the client left while sending: replay that instead
+            break
         chunks.append(message.get("body", b""))
-        more = bool(message.get("more_body", False))
+        if not message.get("more_body", False):
+            break
     body = b"".join(chunks)
-    sent = False
+    replayed = False
 
     async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            if pending is not None:
+                return pending
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
 
