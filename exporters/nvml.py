@@ -13,6 +13,7 @@ values come from the H100 readings in GPU-FACTS.md.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -320,3 +321,30 @@ def register_gpu_collector(
     collector = NvmlCollector(nvml, interval_s=interval_s)
     registry.register(collector)
     return collector
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Run the standalone exporter until interrupted."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry()
+    collector = register_gpu_collector(registry, interval_s=args.interval)
+    server, thread = start_http_server(args.port, addr=args.host, registry=registry)
+    print(f"stagelens gpu-exporter on http://{args.host}:{server.server_port}/metrics", flush=True)
+    try:
+        thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        collector.close()
+        server.shutdown()
+    return 0
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``stagelens gpu-exporter [--port] [--host] [--interval]``."""
+    parser = subparsers.add_parser("gpu-exporter", help="Serve NVML GPU metrics on /metrics.")
+    parser.add_argument("--port", type=int, default=9400)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--interval", type=float, default=1.0, help="GPM sampling interval (s)")
+    parser.set_defaults(func=_serve)
