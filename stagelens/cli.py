@@ -22,6 +22,7 @@ from stagelens.errors import StageLensError
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.demo",
     "stagelens.report",
+    "stagelens.exporters.nvml",
     "stagelens.alert_rules",
     "stagelens.previews",
 )

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 import uvicorn
-
 from stagelens.reference import create_app, demo_config
 from stagelens.reference.config import DEMO_API_KEY
+
 from stagelens.testing import TelemetryCapture, capture_telemetry
 
 

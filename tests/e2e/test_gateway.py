@@ -11,10 +11,10 @@ import httpx
 import openai
 import pytest
 from opentelemetry.trace import SpanKind
+from stagelens.reference import GatewayConfig
 
 from stagelens import semconv
 from stagelens.pricing import PriceTable, Usage
-from stagelens.reference import GatewayConfig
 
 pytestmark = pytest.mark.vllm
 
@@ -27,7 +27,8 @@ def _trace_of(capture: Any, response_id: str) -> list[Any]:
     deadline = time.monotonic() + 5
     while True:
         inference = [
-            s for s in capture.spans()
+            s
+            for s in capture.spans()
             if s.attributes.get(semconv.GEN_AI_RESPONSE_ID) == response_id
         ]
         if len(inference) == 1:
@@ -64,15 +65,19 @@ class TestTrace:
         )
         chunks = list(stream)
         response_id = chunks[0].id
-        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens > 0
         spans = _trace_of(gateway.capture, response_id)
         roots = [s for s in spans if s.parent is None]
         assert len(roots) == 1
         root = roots[0]
         assert root.kind is SpanKind.SERVER
         assert root.name == "POST /v1/chat/completions"
-        stage_spans = {s.attributes.get(semconv.ATTR_STAGE): s for s in spans
-                       if s.parent is not None and s.parent.span_id == root.context.span_id}
+        stage_spans = {
+            s.attributes.get(semconv.ATTR_STAGE): s
+            for s in spans
+            if s.parent is not None and s.parent.span_id == root.context.span_id
+        }
         assert set(SEVEN) <= set(stage_spans)
         inference = stage_spans["inference"]
         assert inference.name == "chat tiny"
@@ -89,8 +94,11 @@ class TestTrace:
         # the vLLM-side request id: vLLM named its response after our X-Request-Id
         request_id = attrs[semconv.ATTR_REQUEST_ID]
         assert request_id in response_id
-        engine = {s.name for s in spans
-                  if s.parent is not None and s.parent.span_id == inference.context.span_id}
+        engine = {
+            s.name
+            for s in spans
+            if s.parent is not None and s.parent.span_id == inference.context.span_id
+        }
         assert engine == {"queue", "prefill", "decode"}
 
 
@@ -110,20 +118,28 @@ class TestMetrics:
         total = Usage()
         with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
             for i in range(4):
-                body = {"model": "tiny", "max_tokens": 12 + i,
-                        "messages": [{"role": "user", "content": f"request {i}"}]}
+                body = {
+                    "model": "tiny",
+                    "max_tokens": 12 + i,
+                    "messages": [{"role": "user", "content": f"request {i}"}],
+                }
                 if i % 2:
                     body |= {"stream": True, "stream_options": {"include_usage": True}}
                     text = c.post("/v1/chat/completions", json=body).text
-                    events = [json.loads(line[6:]) for line in text.splitlines()
-                              if line.startswith("data: {")]
+                    events = [
+                        json.loads(line[6:])
+                        for line in text.splitlines()
+                        if line.startswith("data: {")
+                    ]
                     usage = events[-1]["usage"]
                 else:
                     usage = c.post("/v1/chat/completions", json=body).json()["usage"]
                 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-                total = Usage(total.input_tokens + usage["prompt_tokens"],
-                              total.output_tokens + usage["completion_tokens"],
-                              total.cached_input_tokens + cached)
+                total = Usage(
+                    total.input_tokens + usage["prompt_tokens"],
+                    total.output_tokens + usage["completion_tokens"],
+                    total.cached_input_tokens + cached,
+                )
         assert tokens("input") - before["input"] == total.input_tokens
         assert tokens("output") - before["output"] == total.output_tokens
         assert tokens("cached_input") - before["cached_input"] == total.cached_input_tokens
@@ -151,8 +167,12 @@ class TestMetrics:
 
     def test_gateway_ttft_is_within_5ms_of_the_client_ttft(self, gateway) -> None:
         """On loopback the gateway's TTFT and the client-observed TTFT agree within 5 ms."""
-        body = {"model": "tiny", "max_tokens": 16, "stream": True,
-                "messages": [{"role": "user", "content": "first token please"}]}
+        body = {
+            "model": "tiny",
+            "max_tokens": 16,
+            "stream": True,
+            "messages": [{"role": "user", "content": "first token please"}],
+        }
         gaps = []
         with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
             c.post("/v1/chat/completions", json={**body, "stream": False})  # warm connection
@@ -173,12 +193,21 @@ class TestMetrics:
 
 def _error_app_config(vllm_url: str, model_dir: str, **over: Any) -> GatewayConfig:
     pools = {
-        "tiny": {"backends": [vllm_url], "tokenizer": model_dir, "max_inflight": 1,
-                 "admission_timeout_seconds": 0.2},
+        "tiny": {
+            "backends": [vllm_url],
+            "tokenizer": model_dir,
+            "max_inflight": 1,
+            "admission_timeout_seconds": 0.2,
+        },
         "dead": {"backends": ["http://127.0.0.1:9"], "tokenizer": model_dir},
     }
-    data = {"api_keys": {"sk-good": "acme"}, "models": pools, "rate_limit_per_second": 0.01,
-            "rate_limit_burst": 8, "health_interval_seconds": 60}
+    data = {
+        "api_keys": {"sk-good": "acme"},
+        "models": pools,
+        "rate_limit_per_second": 0.01,
+        "rate_limit_burst": 8,
+        "health_interval_seconds": 60,
+    }
     data.update(over)
     return GatewayConfig.model_validate(data)
 
@@ -192,20 +221,48 @@ class TestErrorPaths:
         config = _error_app_config(vllm_server.base_url, str(tiny_model))
         cases = [
             ({}, {"model": "tiny", "messages": []}, 401, "gateway", "missing_api_key"),
-            ({"authorization": "Bearer sk-bad"}, {"model": "tiny"}, 401, "gateway",
-             "invalid_api_key"),
-            (None, {"model": "tiny", "messages": [{"role": "user", "content": 3}]}, 400,
-             "gateway", "invalid_request"),
-            (None, {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404,
-             "router", "model_not_found"),
-            (None, {"model": "tiny", "max_tokens": 8,
-                    "messages": [{"role": "user", "content": _long_prompt(3000, "ctx")}]},
-             400, "tokenizer", "context_length_exceeded"),
-            (None, {"model": "dead", "messages": [{"role": "user", "content": "x"}]}, 503,
-             "load_balancer", "no_healthy_backend"),
+            (
+                {"authorization": "Bearer sk-bad"},
+                {"model": "tiny"},
+                401,
+                "gateway",
+                "invalid_api_key",
+            ),
+            (
+                None,
+                {"model": "tiny", "messages": [{"role": "user", "content": 3}]},
+                400,
+                "gateway",
+                "invalid_request",
+            ),
+            (
+                None,
+                {"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+                404,
+                "router",
+                "model_not_found",
+            ),
+            (
+                None,
+                {
+                    "model": "tiny",
+                    "max_tokens": 8,
+                    "messages": [{"role": "user", "content": _long_prompt(3000, "ctx")}],
+                },
+                400,
+                "tokenizer",
+                "context_length_exceeded",
+            ),
+            (
+                None,
+                {"model": "dead", "messages": [{"role": "user", "content": "x"}]},
+                503,
+                "load_balancer",
+                "no_healthy_backend",
+            ),
         ]
         with start_gateway(config) as gw, httpx.Client(base_url=gw.url, timeout=60) as c:
-            for headers, body, status, stage_name, code in cases:
+            for headers, body, status, _stage, code in cases:
                 h = {"authorization": "Bearer sk-good"} if headers is None else headers
                 r = c.post("/v1/chat/completions", json=body, headers=h)
                 assert r.status_code == status, (code, r.text)
@@ -216,8 +273,11 @@ class TestErrorPaths:
                     assert error["param"] == "messages.0.content"
             # rate limit: a burst of 8 per key at 0.01/s refill; 4 were spent above
             statuses = [
-                c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-good"},
-                       json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+                c.post(
+                    "/v1/chat/completions",
+                    headers={"authorization": "Bearer sk-good"},
+                    json={"model": "nope", "messages": [{"role": "user", "content": "x"}]},
+                )
                 for _ in range(5)
             ]
             assert [r.status_code for r in statuses] == [404, 404, 404, 404, 429]
@@ -228,23 +288,37 @@ class TestErrorPaths:
             cap = gw.capture
             cap.telemetry.force_flush()
             for code_label in ("401", "400", "404", "503", "429"):
-                assert sum(
-                    cap.value(semconv.REQUESTS, model=m, code=code_label) or 0
-                    for m in ("unknown", "tiny", "nope", "dead")
-                ) >= 1, code_label
-            rejected = {s.attributes.get(semconv.ATTR_REJECTED_BY) for s in cap.spans()
-                        if s.parent is None}
+                assert (
+                    sum(
+                        cap.value(semconv.REQUESTS, model=m, code=code_label) or 0
+                        for m in ("unknown", "tiny", "nope", "dead")
+                    )
+                    >= 1
+                ), code_label
+            rejected = {
+                s.attributes.get(semconv.ATTR_REJECTED_BY) for s in cap.spans() if s.parent is None
+            }
             assert {"gateway", "router", "tokenizer", "load_balancer"} <= rejected
 
     def test_upstream_timeout_answers_504(self, vllm_server, tiny_model, request) -> None:
         """A backend slower than the upstream timeout answers 504 upstream_timeout."""
         start_gateway = request.getfixturevalue("gateway_factory")
-        config = _error_app_config(vllm_server.base_url, str(tiny_model),
-                                   upstream_timeout_seconds=0.001, rate_limit_burst=100)
+        config = _error_app_config(
+            vllm_server.base_url,
+            str(tiny_model),
+            upstream_timeout_seconds=0.001,
+            rate_limit_burst=100,
+        )
         with start_gateway(config) as gw, httpx.Client(base_url=gw.url, timeout=60) as c:
-            r = c.post("/v1/chat/completions", headers={"authorization": "Bearer sk-good"},
-                       json={"model": "tiny", "max_tokens": 200,
-                             "messages": [{"role": "user", "content": "slow"}]})
+            r = c.post(
+                "/v1/chat/completions",
+                headers={"authorization": "Bearer sk-good"},
+                json={
+                    "model": "tiny",
+                    "max_tokens": 200,
+                    "messages": [{"role": "user", "content": "slow"}],
+                },
+            )
             assert r.status_code == 504, r.text
             assert r.json()["error"]["code"] == "upstream_timeout"
             assert gw.capture.value(semconv.REQUESTS, model="tiny", code="504") == 1.0
@@ -258,16 +332,25 @@ class TestFailover:
         from stagelens.vllm_server import VllmServer
 
         start_gateway = request.getfixturevalue("gateway_factory")
-        doomed = VllmServer(model=str(tiny_model), port=port_factory(),
-                            served_model_names=("tiny",))
+        doomed = VllmServer(
+            model=str(tiny_model), port=port_factory(), served_model_names=("tiny",)
+        )
         doomed.start()
         try:
             doomed.wait_ready(timeout=600)
             config = _error_app_config(
-                vllm_server.base_url, str(tiny_model), rate_limit_burst=1000,
-                rate_limit_per_second=1000, health_interval_seconds=0.5,
-                models={"tiny": {"backends": [doomed.base_url, vllm_server.base_url],
-                                 "tokenizer": str(tiny_model), "max_inflight": 16}},
+                vllm_server.base_url,
+                str(tiny_model),
+                rate_limit_burst=1000,
+                rate_limit_per_second=1000,
+                health_interval_seconds=0.5,
+                models={
+                    "tiny": {
+                        "backends": [doomed.base_url, vllm_server.base_url],
+                        "tokenizer": str(tiny_model),
+                        "max_inflight": 16,
+                    }
+                },
             )
             with start_gateway(config) as gw:
                 results = asyncio.run(_traffic_while_killing(gw.url, doomed))
@@ -285,8 +368,12 @@ async def _traffic_while_killing(url: str, doomed: Any) -> list[tuple[int, str]]
     results: list[tuple[int, str]] = []
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"model": "tiny", "max_tokens": 32, "stream": i % 2 == 0,
-                "messages": [{"role": "user", "content": f"failover {i}"}]}
+        body = {
+            "model": "tiny",
+            "max_tokens": 32,
+            "stream": i % 2 == 0,
+            "messages": [{"role": "user", "content": f"failover {i}"}],
+        }
         r = await client.post("/v1/chat/completions", json=body)
         results.append((r.status_code, r.text[-200:]))
 
