@@ -62,7 +62,12 @@ class Pool:
     async def admitted(self) -> AsyncIterator[None]:
         """Wait (bounded) for an in-flight slot; 503 when the wait times out."""
         try:
-            await asyncio.wait_for(self._slots.acquire(), self.config.admission_timeout_seconds)
+            if self._slots.locked():  # full: wait, bounded
+                await asyncio.wait_for(
+                    self._slots.acquire(), self.config.admission_timeout_seconds
+                )
+            else:  # a free slot: take it without yielding to the event loop
+                await self._slots.acquire()
         except TimeoutError as exc:
             raise Rejected(
                 503,
