@@ -227,6 +227,23 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 description="Share of requests per non-2xx status code.",
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Rejections by stage",
+                "percentunit",
+                [
+                    (
+                        f"(sum by ({sc.LABEL_STAGE}) (rate({sc.REJECTIONS}{{{MODEL}}}[{RATE}]))"
+                        f" / ignoring ({sc.LABEL_STAGE}) group_left "
+                        f"sum(rate({requests}[{RATE}]))) or on() vector(0)",
+                        "{{stage}}",
+                    )
+                ],
+                description="Share of requests answered with an error, by the stage that "
+                "rejected them (401/429 gateway, 503 load balancer, 400 tokenizer, 404 router, "
+                "504/5xx inference). 0 when nothing was rejected.",
+            )
+        )
         .build()
     )
 

@@ -126,6 +126,14 @@ class Instruments:
                 registry=r,
             )
         )
+        self.rejections = _ChildCache(
+            Counter(
+                sc.REJECTIONS,
+                "Requests answered with an error by the stage that rejected them.",
+                [sc.LABEL_STAGE, sc.LABEL_MODEL, sc.LABEL_CODE],
+                registry=r,
+            )
+        )
         self.telemetry_errors = _ChildCache(
             Counter(
                 sc.TELEMETRY_ERRORS,

@@ -310,6 +310,8 @@ class _RequestTracker:
         code_label = str(code)
         instruments.request_duration.get(model, code_label).observe(end - state.started_at)
         instruments.requests.get(model, code_label).inc()
+        if state.rejected_by is not None and code >= 400:
+            instruments.rejections.get(state.rejected_by, model, code_label).inc()
         if state.first_token_at is not None:
             instruments.ttft.get(model).observe(state.first_token_at - state.started_at)
         observe_many(instruments.itl.get(model), self._gaps)

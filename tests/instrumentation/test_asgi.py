@@ -248,6 +248,7 @@ class TestFailures:
         root = _by_name(cap)["POST"]
         assert root.attributes[semconv.ATTR_REJECTED_BY] == "gateway"
         assert cap.value(semconv.REQUESTS, model="unknown", code="401") == 1.0
+        assert cap.value(semconv.REJECTIONS, stage="gateway", model="unknown", code="401") == 1.0
 
     async def test_client_disconnect_mid_stream_ends_the_trace(self, cap, proxy_factory) -> None:
         """The client leaves after 3 chunks: spans end, the root says it was cancelled."""
