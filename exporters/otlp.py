@@ -188,6 +188,14 @@ def _quiet(logger_name: str) -> None:
         target.addFilter(_OnceFilter())
 
 
+def _service_name_from_env() -> bool:
+    """True when ``OTEL_SERVICE_NAME`` or ``OTEL_RESOURCE_ATTRIBUTES`` names the service."""
+    if os.environ.get("OTEL_SERVICE_NAME"):
+        return True
+    pairs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+    return any(pair.split("=", 1)[0].strip() == "service.name" for pair in pairs)
+
+
 def build_tracer_provider(
     exporters: Sequence[SpanExporter],
     count_dropped: DropCounter,
@@ -197,10 +205,17 @@ def build_tracer_provider(
     """A TracerProvider with the env's Resource and sampler and one bounded processor per
     exporter. ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` win over
     ``service_name``; ``OTEL_TRACES_SAMPLER[_ARG]`` is read by the SDK."""
-    attributes = {}
-    if service_name and not os.environ.get("OTEL_SERVICE_NAME"):
-        attributes["service.name"] = service_name
-    provider = TracerProvider(resource=Resource.create(attributes))
+    resource = Resource.create({})
+    if service_name and not _service_name_from_env():
+        # Resource.create merges explicit attributes over the environment's, so the
+        # default name is merged *under* what OTEL_* said rather than passed in.
+        resource = Resource({"service.name": service_name}).merge(
+            Resource(
+                {k: v for k, v in resource.attributes.items() if k != "service.name"},
+                resource.schema_url,
+            )
+        )
+    provider = TracerProvider(resource=resource)
     for exporter in exporters:
         provider.add_span_processor(
             CountingSpanProcessor(exporter, count_dropped, max_queue_size=max_queue_size)

@@ -50,10 +50,19 @@ def exposition_registry(registry: CollectorRegistry | None = None) -> CollectorR
     """What ``/metrics`` serves: in multiprocess mode a fresh registry that aggregates
     every worker's files, otherwise the recording registry itself."""
     if multiprocess_enabled():
-        aggregate = CollectorRegistry()
-        multiprocess.MultiProcessCollector(aggregate)
+        # One per process and directory, so that collectors registered for exposition
+        # (NVML) land on the registry that /metrics actually serves.
+        path = os.environ[MULTIPROC_ENV]
+        aggregate = _aggregates.get(path)
+        if aggregate is None:
+            aggregate = CollectorRegistry()
+            multiprocess.MultiProcessCollector(aggregate, path=path)
+            _aggregates[path] = aggregate
         return aggregate
     return recording_registry(registry)
+
+
+_aggregates: dict[str, CollectorRegistry] = {}
 
 
 def register_collector(collector: Collector, registry: CollectorRegistry | None = None) -> None:

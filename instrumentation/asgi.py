@@ -48,6 +48,15 @@ SpanHook = Callable[[trace.Span, Scope], None]
 STATUS_CLIENT_CLOSED = 499
 """``code`` label for a request whose client went away before any response was sent."""
 _DONE = b"data: [DONE]"
+_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
+"""An SSE event with no choices carries only usage: it is not a token, so not an ITL gap."""
+
+
+def _is_token_chunk(body: bytes) -> bool:
+    """False for the stream's terminator and for usage-only events (cheap bytes checks)."""
+    if body.startswith(_DONE):
+        return False
+    return not (_EMPTY_CHOICES[0] in body or _EMPTY_CHOICES[1] in body)
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -254,9 +263,10 @@ class _RequestTracker:
                     now = perf_counter()
                     if state.first_token_at is None:
                         state.first_token_at = now
-                    elif self._sse and not body.startswith(_DONE):
+                        self._last_chunk = now
+                    elif self._sse and _is_token_chunk(body):
                         gaps.append(now - self._last_chunk)
-                    self._last_chunk = now
+                        self._last_chunk = now
                 if not message.get("more_body", False):
                     self._response_done = True
             elif message["type"] == "http.response.start":
@@ -312,8 +322,11 @@ class _RequestTracker:
         instruments.requests.get(model, code_label).inc()
         if state.rejected_by is not None and code >= 400:
             instruments.rejections.get(state.rejected_by, model, code_label).inc()
-        if state.first_token_at is not None:
-            instruments.ttft.get(model).observe(state.first_token_at - state.started_at)
+        # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
+        # and counting its few milliseconds would flatter the TTFT SLI.
+        ttft = state.first_token_at - state.started_at if state.first_token_at else None
+        if ttft is not None and code < 400:
+            instruments.ttft.get(model).observe(ttft)
         observe_many(instruments.itl.get(model), self._gaps)
         root = state.root_span
         if root.is_recording():
@@ -323,8 +336,8 @@ class _RequestTracker:
                 root.update_name(f"{self._scope.get('method', 'GET')} {route_path}")
                 root.set_attribute("http.route", route_path)
             root.set_attribute("http.response.status_code", code)
-            if state.first_token_at is not None:
-                root.set_attribute(sc.ATTR_TTFT, state.first_token_at - state.started_at)
+            if ttft is not None and code < 400:
+                root.set_attribute(sc.ATTR_TTFT, ttft)
             if disconnected and not self._response_done:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
                 root.set_status(Status(StatusCode.ERROR, "client disconnected"))

@@ -26,11 +26,15 @@ stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")  # s
 stagelens.instrument_httpx_client(client, telemetry=telemetry)  # stagelens
 
 
+@stagelens.stage(stagelens.Stage.TOKENIZER)  # stagelens
+def prepare(body: dict) -> dict:
+    body.setdefault("max_tokens", 64)
+    return body
+
+
 @app.post("/v1/chat/completions")
 async def chat(request: Request) -> Response:
-    body = await request.json()
-    with stagelens.stage(stagelens.Stage.TOKENIZER):  # stagelens
-        body.setdefault("max_tokens", 64)
+    body = prepare(await request.json())
     upstream_request = client.build_request("POST", "/v1/chat/completions", json=body)
     if not body.get("stream"):
         answer = await client.send(upstream_request)

@@ -141,3 +141,28 @@ async def test_refused_otlp_endpoint_never_fails_requests(port_factory) -> None:
     assert dropped("queue_full") + dropped("export_failed") == total_spans
     # 250 more requests with a dead collector grow memory by far less than 250 kept traces
     assert after - before < 1_000_000
+
+
+class TestServiceName:
+    """The resource's service.name: the standard OTEL_* variables always win."""
+
+    @pytest.mark.parametrize(
+        ("env", "expected"),
+        [
+            ({}, "my-default"),
+            ({"OTEL_SERVICE_NAME": "from-service-name"}, "from-service-name"),
+            ({"OTEL_RESOURCE_ATTRIBUTES": "team=x,service.name=from-attrs"}, "from-attrs"),
+        ],
+    )
+    def test_env_wins_over_the_default_name(self, monkeypatch, env, expected) -> None:
+        """A default name is used only when neither variable names the service."""
+        from stagelens.exporters.otlp import build_tracer_provider
+
+        monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+        monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        provider = build_tracer_provider([], lambda reason, n: None, service_name="my-default")
+        assert provider.resource.attributes["service.name"] == expected
+        if "OTEL_RESOURCE_ATTRIBUTES" in env:
+            assert provider.resource.attributes["team"] == "x"

@@ -142,13 +142,14 @@ class TestMetrics:
     async def test_inter_token_latency_is_recorded_per_streamed_chunk(
         self, cap, proxy_factory, client_factory
     ) -> None:
-        """Each gap between streamed chunks is one ITL observation (DONE excluded)."""
+        """Each gap between streamed token chunks is one ITL observation; the usage-only
+        event and DONE are not tokens."""
         app, _ = proxy_factory(cap)
         body = {"model": "tiny", "stream": True, "x_chunks": 5, "x_delay": 0.02}
         async with client_factory(app) as client:
             await client.post("/v1/chat/completions", json=body)
-        # 5 content chunks + 1 usage chunk = 6 non-DONE bodies -> 5 gaps
-        assert cap.value(semconv.INTER_TOKEN_LATENCY + "_count", model="tiny") == 5.0
+        # 5 content chunks -> 4 gaps (the usage chunk and DONE are not tokens)
+        assert cap.value(semconv.INTER_TOKEN_LATENCY + "_count", model="tiny") == 4.0
         assert cap.value(semconv.INTER_TOKEN_LATENCY + "_sum", model="tiny") >= 0.06
 
     async def test_every_stage_is_counted_with_the_model_label(
@@ -249,6 +250,41 @@ class TestFailures:
         assert root.attributes[semconv.ATTR_REJECTED_BY] == "gateway"
         assert cap.value(semconv.REQUESTS, model="unknown", code="401") == 1.0
         assert cap.value(semconv.REJECTIONS, stage="gateway", model="unknown", code="401") == 1.0
+        # an error body is not a first token: the TTFT SLI only sees answers
+        assert cap.value(semconv.TIME_TO_FIRST_TOKEN + "_count", model="unknown") is None
+        assert semconv.ATTR_TTFT not in root.attributes
+
+    async def test_tenant_label_is_capped_through_the_middleware(
+        self, proxy_factory, client_factory
+    ) -> None:
+        """With max_tenants=2, a third and fourth tenant are billed under ``other``."""
+        from stagelens.testing import capture_telemetry
+
+        def auth(scope: Any) -> str:
+            headers = dict(scope["headers"])
+            return str(headers[b"x-tenant"].decode())
+
+        with capture_telemetry(max_tenants=2) as cap:
+            app, _ = proxy_factory(cap, auth_hook=auth)
+            async with client_factory(app) as client:
+                for tenant in ("acme", "globex", "initech", "umbrella", "acme"):
+                    r = await client.post(
+                        "/v1/chat/completions",
+                        json={"model": "tiny"},
+                        headers={"x-tenant": tenant},
+                    )
+                    assert r.status_code == 200
+            output = semconv.TOKENS
+            assert cap.value(output, model="tiny", tenant="acme", type="output") == 32.0
+            assert cap.value(output, model="tiny", tenant="globex", type="output") == 16.0
+            assert cap.value(output, model="tiny", tenant="other", type="output") == 32.0
+            exposed = {
+                sample.labels["tenant"]
+                for metric in cap.telemetry.registry.collect()
+                for sample in metric.samples
+                if "tenant" in sample.labels
+            }
+            assert exposed == {"acme", "globex", "other"}
 
     async def test_client_disconnect_mid_stream_ends_the_trace(self, cap, proxy_factory) -> None:
         """The client leaves after 3 chunks: spans end, the root says it was cancelled."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import subprocess
 import sys
@@ -78,7 +79,27 @@ def test_five_added_lines_give_traces_and_metrics(upstream, port_factory, tmp_pa
     assert '"service.name": "existing-service"' in text
 
 
-def test_the_instrumentation_is_at_most_five_lines() -> None:
-    """The example marks each stagelens line; there are at most five."""
-    lines = (EXAMPLE / "app.py").read_text().splitlines()
-    assert sum(1 for line in lines if line.rstrip().endswith("# stagelens")) <= 5
+def _code(path: Path) -> list[str]:
+    """The file's lines after its module docstring (the docstrings differ on purpose)."""
+    text = path.read_text()
+    end = text.index('"""', text.index('"""') + 3) + 3
+    return text[end:].splitlines()
+
+
+def test_the_instrumentation_is_five_added_lines_and_nothing_else() -> None:
+    """app.py is app_before.py plus at most five added lines, each marked; the README's
+    diff shows exactly those lines."""
+    before, after = _code(EXAMPLE / "app_before.py"), _code(EXAMPLE / "app.py")
+    diff = list(difflib.unified_diff(before, after, lineterm="", n=0))
+    added = [line[1:] for line in diff if line.startswith("+") and not line.startswith("+++")]
+    removed = [line for line in diff if line.startswith("-") and not line.startswith("---")]
+    assert removed == []
+    assert 1 <= len(added) <= 5
+    assert all(line.rstrip().endswith("# stagelens") for line in added)
+    readme = (EXAMPLE / "README.md").read_text()
+    shown = [
+        line[1:].strip()
+        for line in readme.split("```diff", 1)[1].split("```", 1)[0].splitlines()
+        if line.startswith("+")
+    ]
+    assert shown == [line.split("  # stagelens")[0].strip() for line in added]
