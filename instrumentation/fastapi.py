@@ -9,24 +9,38 @@ instruments one existing app; both are idempotent and undone exactly by their
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Final
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from stagelens.instrumentation._telemetry import Telemetry
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.instrumentation.package import _instruments
 
+from stagelens.errors import ConfigurationError
+
 _MARK = "_stagelens_instrumented"
+_OPTIONS: Final = frozenset(inspect.signature(StageLensMiddleware.__init__).parameters) - {
+    "self",
+    "app",
+}
+"""Keywords the middleware takes; anything else is refused when instrumenting, because
+Starlette builds the middleware lazily and would only fail on the first request."""
 
 
 def instrument_app(app: Any, *, telemetry: Telemetry | None = None, **options: Any) -> Any:
     """Add ``StageLensMiddleware`` to a Starlette/FastAPI app (outermost); idempotent.
 
     ``options`` go to the middleware: ``settings``, ``auth_hook``, ``rate_limit_hook``,
-    ``request_hook``, ``response_hook``, ``metrics_path`` (serve ``/metrics`` from the app).
-    Returns the app.
+    ``body_hook``, ``request_hook``, ``response_hook``, ``metrics_path`` (serve ``/metrics``
+    from the app). Returns the app. Raises ConfigurationError for an unknown option.
     """
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise ConfigurationError(
+            f"instrument_app: unknown option(s) {sorted(unknown)}; known: {sorted(_OPTIONS)}"
+        )
     if getattr(app, _MARK, False):
         return app
     app.add_middleware(StageLensMiddleware, telemetry=telemetry, **options)
@@ -61,7 +75,17 @@ class FastAPIInstrumentor(BaseInstrumentor):
         uninstrument_app(app)
 
     def _instrument(self, **kwargs: Any) -> None:
+        """``kwargs`` are instrument_app() options; OTel's conventional ``tracer_provider``
+        is honoured by building a Telemetry on it when no ``telemetry`` is given."""
         import fastapi
+
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        kwargs.pop("meter_provider", None)  # stagelens metrics go to Prometheus
+        if tracer_provider is not None and kwargs.get("telemetry") is None:
+            kwargs["telemetry"] = Telemetry(tracer_provider=tracer_provider)
+        unknown = set(kwargs) - _OPTIONS - {"telemetry"}
+        if unknown:
+            raise ConfigurationError(f"FastAPIInstrumentor: unknown option(s) {sorted(unknown)}")
 
         original = fastapi.FastAPI.__init__
         FastAPIInstrumentor._original_init = original

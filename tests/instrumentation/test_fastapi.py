@@ -56,3 +56,30 @@ def test_opentelemetry_instrumentor_entry_point_resolves() -> None:
     eps = importlib.metadata.entry_points(group="opentelemetry_instrumentor")
     ep = next(e for e in eps if e.name == "stagelens_fastapi")
     assert ep.load() is FastAPIInstrumentor
+
+
+def test_unknown_option_fails_at_instrument_time() -> None:
+    """A misspelt option is refused at once, not on the app's first request."""
+    from stagelens.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="auth_hok"):
+        instrument_app(fastapi.FastAPI(), auth_hok=lambda scope: None)
+
+
+async def test_instrument_accepts_otel_tracer_provider(cap) -> None:
+    """instrument(tracer_provider=...) (OTel's convention) traces into that provider."""
+    instrumentor = FastAPIInstrumentor()
+    instrumentor.instrument(tracer_provider=cap.telemetry.tracer_provider)
+    try:
+        app = fastapi.FastAPI()
+
+        @app.get("/ping")
+        async def ping() -> dict[str, str]:
+            return {"pong": "1"}
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/ping")).status_code == 200
+        assert cap.span_names()[-1] == "GET /ping"
+    finally:
+        instrumentor.uninstrument()
