@@ -66,9 +66,18 @@ class TestRequestTraces:
         assert isinstance(attrs[semconv.GEN_AI_RESPONSE_ID], str)
         for name in ("gateway", "tokenizer", "router", "billing"):
             assert spans[name].attributes[semconv.ATTR_STAGE] == name
+            assert spans[name].kind is SpanKind.INTERNAL
+        assert type(attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]) is int
+        assert type(attrs[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS]) is int
+        assert type(attrs[semconv.GEN_AI_REQUEST_MAX_TOKENS]) is int
+        assert type(attrs[semconv.ATTR_REQUEST_ID]) is str
+        assert type(spans["billing"].attributes[semconv.ATTR_COST_USD]) is float
+        assert type(root.attributes[semconv.ATTR_TTFT]) is float
+        assert type(root.attributes["http.response.status_code"]) is int
         queue, prefill, decode = spans["queue"], spans["prefill"], spans["decode"]
         for child in (queue, prefill, decode):
             assert child.parent.span_id == inference.context.span_id
+            assert child.kind is SpanKind.INTERNAL
         assert queue.end_time == prefill.start_time
         assert prefill.end_time == decode.start_time
         assert (decode.end_time - decode.start_time) == 30_000_000
