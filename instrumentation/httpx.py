@@ -20,6 +20,7 @@ body is fully read or the stream is closed (client gone, backend died), whicheve
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -39,6 +40,43 @@ _MAX_BODY: Final = 4 * 1024 * 1024
 """Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""
 _NS: Final = 1_000_000_000
 
+# SSE parsing. Each key first gets a plain ``in`` check (vLLM's compact JSON answers it
+# alone); the precompiled pattern runs only when the key is there but spaced differently,
+# as ``json.dumps`` defaults (``"usage": {``) write it. Content chunks thus cost a few
+# substring scans and no regex.
+_USAGE_KEY: Final = b'"usage"'
+_USAGE_COMPACT: Final = b'"usage":{'
+_USAGE_RE: Final = re.compile(rb'"usage"\s*:\s*\{')
+_CHOICES_KEY: Final = b'"choices"'
+_NO_CHOICES_COMPACT: Final = b'"choices":[]'
+_NO_CHOICES_RE: Final = re.compile(rb'"choices"\s*:\s*\[\s*\]')
+_FINISH_KEY: Final = b'"finish_reason"'
+_FINISH_COMPACT: Final = b'"finish_reason":"'
+_FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
+_FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
+_DONE: Final = b"[DONE]"
+
+ATTR_STREAM_CLOSED_EARLY: Final = "stagelens.upstream.closed_early"
+"""On the inference span: True when the caller closed the stream before its last event
+(client gone, stop sequence or safety cut by the gateway). Not an error: the engine did
+nothing wrong. (Belongs in stagelens.semconv; kept here until it moves.)"""
+
+
+def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes]) -> bool:
+    """``pattern`` in ``payload``, answered by substring checks whenever possible."""
+    if compact in payload:
+        return True
+    return key in payload and pattern.search(payload) is not None
+
+
+def _is_final_choice(payload: bytes) -> bool:
+    """True when some choice in the event carries a finish reason (a string, not null)."""
+    if _FINISH_COMPACT in payload:
+        return True
+    if _FINISH_KEY not in payload or _FINISH_NULL_COMPACT in payload:
+        return False
+    return _FINISH_RE.search(payload) is not None
+
 
 class _UpstreamCall:
     """One instrumented upstream request: span, parse state, timings."""
@@ -46,6 +84,7 @@ class _UpstreamCall:
     __slots__ = (
         "_buffer",
         "_done",
+        "_ended",
         "_engine",
         "_finish_reasons",
         "_first_seen",
@@ -112,6 +151,8 @@ class _UpstreamCall:
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
         self._done = False
+        # The stream's last event arrived ([DONE], a finish reason or the usage chunk).
+        self._ended = False
         self._first_seen = False
         self._last_data_ns = 0
         self._response_id: str | None = None
@@ -123,6 +164,8 @@ class _UpstreamCall:
     # -- response ----------------------------------------------------------------------
     def on_response(self, response: httpx.Response) -> None:
         self._last_data_ns = time.time_ns()
+        if response.status_code >= 400:
+            self._ended = True  # an error body, not an event stream: no last event to await
         if self.span.is_recording():
             vllm_id = response.headers.get(sc.HEADER_REQUEST_ID)
             if vllm_id:
@@ -142,14 +185,23 @@ class _UpstreamCall:
         lines = self._buffer.split(b"\n")
         self._buffer = bytearray(lines.pop())
         for line in lines:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                self._on_event(bytes(line[6:]))
+            if line.startswith(b"data:"):
+                payload = bytes(line[5:]).strip()
+                if payload == _DONE:
+                    self._ended = True
+                elif payload:
+                    self._on_event(payload)
 
     def _on_event(self, payload: bytes) -> None:
-        usage_chunk = b'"usage":{' in payload and b'"choices":[]' in payload
+        usage_chunk = _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE) and _has(
+            payload, _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE
+        )
         if not usage_chunk:
             self._last_data_ns = time.time_ns()
-        if not self._first_seen or usage_chunk or b'"finish_reason":"' in payload:
+        final = usage_chunk or _is_final_choice(payload)
+        if final:
+            self._ended = True
+        if not self._first_seen or final:
             self._first_seen = True
             try:
                 self._absorb(json.loads(payload))
@@ -185,6 +237,27 @@ class _UpstreamCall:
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
             self.span.end()
+
+    def closed(self) -> None:
+        """The caller closed the body (or abandoned iterating it) before it was exhausted.
+
+        After the last event ([DONE], a finish reason, the usage chunk) that is a normal end:
+        a relay may stop reading at ``[DONE]``. Before it, either the gateway cut the stream
+        on purpose (stop sequence, safety check): recorded as ``closed_early``, not as an
+        error, because nothing failed; or the client went away, which aborts the generation
+        and leaves the answer undelivered: ``closed_early`` and an error. A backend that
+        dies mid-stream raises while the body is read and also ends the span in error.
+        """
+        if self._done:
+            return
+        if self._ended:
+            self.finish()
+            return
+        if self.span.is_recording():
+            self.span.set_attribute(ATTR_STREAM_CLOSED_EARLY, True)
+        self._ended = True
+        state = self.state
+        self.finish(ClientDisconnected() if state is not None and state.disconnected else None)
 
     def _finish(self, error: BaseException | None) -> None:
         elapsed = time.perf_counter() - self._t0
@@ -264,7 +337,7 @@ class _UpstreamCall:
             span.record_exception(error)
             span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        elif self.stream and not self._finish_reasons and self._usage is None:
+        elif self.stream and not self._ended:
             span.set_attribute(sc.ERROR_TYPE, "incomplete_stream")
             span.set_status(Status(StatusCode.ERROR, "stream closed before the last event"))
 
@@ -318,6 +391,9 @@ class _AsyncStream(httpx.AsyncByteStream):
             async for chunk in self._wrapped:
                 self._call.on_chunk(chunk)
                 yield chunk
+        except GeneratorExit:
+            self._call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
+            raise
         except BaseException as exc:
             self._call.finish(exc)
             raise
@@ -327,7 +403,7 @@ class _AsyncStream(httpx.AsyncByteStream):
         try:
             await self._wrapped.aclose()
         finally:
-            self._call.finish(None if self._call._done else _closed_early())
+            self._call.closed()
 
 
 class _SyncStream(httpx.SyncByteStream):
@@ -340,6 +416,9 @@ class _SyncStream(httpx.SyncByteStream):
             for chunk in self._wrapped:
                 self._call.on_chunk(chunk)
                 yield chunk
+        except GeneratorExit:
+            self._call.closed()
+            raise
         except BaseException as exc:
             self._call.finish(exc)
             raise
@@ -349,15 +428,14 @@ class _SyncStream(httpx.SyncByteStream):
         try:
             self._wrapped.close()
         finally:
-            self._call.finish(None if self._call._done else _closed_early())
+            self._call.closed()
 
 
-class StreamClosedEarly(Exception):
-    """Recorded on the inference span when the body was closed before it was fully read."""
+class ClientDisconnected(Exception):
+    """Recorded on the inference span when the client's departure closed the stream."""
 
-
-def _closed_early() -> StreamClosedEarly:
-    return StreamClosedEarly("response closed before the body was fully read")
+    def __init__(self) -> None:
+        super().__init__("the client disconnected; the generation was aborted")
 
 
 class StageLensAsyncTransport(httpx.AsyncBaseTransport):

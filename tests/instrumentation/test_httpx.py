@@ -1,0 +1,183 @@
+"""The upstream (httpx) instrumentation's SSE parsing and stream endings, against a local
+OpenAI-compatible server on a real socket.
+
+Why a server of its own: it writes JSON the way ``json.dumps`` does by default (``"usage":
+{``), unlike vLLM's compact pydantic output, and it can end a stream in each way that matters
+(normally, after the usage chunk, without a last event, by dying).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from opentelemetry.trace import StatusCode
+from stagelens.instrumentation.httpx import ATTR_STREAM_CLOSED_EARLY
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from stagelens import instrument_httpx_client
+from stagelens import semconv as sc
+from stagelens.testing import TelemetryCapture
+
+pytestmark = pytest.mark.anyio
+
+USAGE = {
+    "prompt_tokens": 40,
+    "completion_tokens": 6,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
+METRICS = {"queue_time_ms": 1.0, "time_to_first_token_ms": 5.0, "generation_time_ms": 9.0}
+
+
+def _spaced_upstream() -> Starlette:
+    """Streams ``x_chunks`` content chunks in ``json.dumps`` default spacing, then (unless
+    ``x_no_final``) the usage chunk and, after ``x_done_delay`` s, ``[DONE]``; with
+    ``x_die_after`` it raises after that many chunks, so the server drops the connection."""
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        n = int(body.get("x_chunks", 6))
+        die_after = body.get("x_die_after")
+
+        async def events() -> AsyncIterator[bytes]:
+            for i in range(n):
+                if die_after is not None and i == int(die_after):
+                    raise RuntimeError("engine died")
+                last = i == n - 1 and not body.get("x_no_final")
+                chunk = {
+                    "id": "chatcmpl-spaced",
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"content": f"w{i} "},
+                            "finish_reason": "length" if last else None,
+                        }
+                    ],
+                }
+                yield f"data: {json.dumps(chunk)}\n\n".encode()
+                await asyncio.sleep(0.005)
+            if body.get("x_no_final"):
+                return
+            final = {"id": "chatcmpl-spaced", "choices": [], "usage": USAGE, "metrics": METRICS}
+            yield f"data: {json.dumps(final)}\n\n".encode()
+            await asyncio.sleep(float(body.get("x_done_delay", 0.0)))
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def spaced_url(port_factory: Any) -> Iterator[str]:
+    """The spaced upstream served by uvicorn on a loopback port for this module."""
+    port = port_factory()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _spaced_upstream(), host="127.0.0.1", port=port, log_level="error", lifespan="off"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+async def _stream(
+    cap: TelemetryCapture, url: str, *, stop_when: bytes | None = None, **knobs: Any
+) -> tuple[bytes, Any]:
+    """POST a streamed chat request; read until ``stop_when`` is seen (then close the
+    response without draining it) or to the end. Returns (bytes read, inference span)."""
+    client = httpx.AsyncClient(base_url=url, timeout=10)
+    instrument_httpx_client(client, telemetry=cap.telemetry)
+    body = {"model": "tiny", "stream": True, "messages": [], **knobs}
+    seen = b""
+    async with client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        try:
+            async for chunk in r.aiter_raw():
+                seen += chunk
+                if stop_when is not None and stop_when in seen:
+                    break
+        except httpx.HTTPError:
+            pass
+    spans = [s for s in cap.spans() if s.name == "chat tiny"]
+    assert len(spans) == 1
+    return seen, spans[0]
+
+
+class TestSpacedJson:
+    """``json.dumps`` default spacing parses like vLLM's compact JSON."""
+
+    async def test_usage_finish_reason_and_engine_phases_from_spaced_events(
+        self, cap, spaced_url
+    ) -> None:
+        """Usage, finish reason and engine phases are read from ``"usage": {`` events."""
+        seen, span = await _stream(cap, spaced_url)
+        assert b'"usage": {' in seen  # the upstream really spaced its JSON
+        attrs = span.attributes
+        assert attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == 40
+        assert attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+        assert attrs[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 16
+        assert attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+        assert sc.ERROR_TYPE not in attrs
+        assert span.status.status_code is StatusCode.UNSET
+        phases = {
+            s.name for s in cap.spans() if s.parent and s.parent.span_id == span.context.span_id
+        }
+        assert phases == {"queue", "prefill", "decode"}
+        assert cap.value(sc.ENGINE_PHASE_DURATION + "_count", phase="decode", model="tiny") == 1
+
+
+class TestStreamEndings:
+    """How a stream ended decides whether the inference span is an error."""
+
+    async def test_closed_at_done_without_draining_is_a_success(self, cap, spaced_url) -> None:
+        """A relay that stops reading at ``data: [DONE]`` and closes leaves no error."""
+        seen, span = await _stream(cap, spaced_url, stop_when=b"data: [DONE]")
+        assert seen.endswith(b"data: [DONE]\n\n")
+        assert span.status.status_code is StatusCode.UNSET
+        assert sc.ERROR_TYPE not in span.attributes
+        assert ATTR_STREAM_CLOSED_EARLY not in span.attributes
+
+    async def test_closed_after_the_usage_chunk_is_a_success(self, cap, spaced_url) -> None:
+        """Closing after the usage chunk, before a late ``[DONE]``, is a normal end."""
+        seen, span = await _stream(cap, spaced_url, stop_when=b'"usage": {', x_done_delay=0.5)
+        assert b"[DONE]" not in seen
+        assert span.status.status_code is StatusCode.UNSET
+        assert sc.ERROR_TYPE not in span.attributes
+        assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+
+    async def test_cut_by_the_caller_is_recorded_not_an_error(self, cap, spaced_url) -> None:
+        """A deliberate cut mid-content (stop sequence, safety) is ``closed_early``, no error."""
+        seen, span = await _stream(cap, spaced_url, stop_when=b"w2 ", x_chunks=40)
+        assert b"w39" not in seen
+        assert span.attributes[ATTR_STREAM_CLOSED_EARLY] is True
+        assert span.status.status_code is StatusCode.UNSET
+        assert sc.ERROR_TYPE not in span.attributes
+
+    async def test_backend_dying_mid_stream_is_an_error(self, cap, spaced_url) -> None:
+        """The server dropping the connection mid-stream ends the span in error."""
+        _, span = await _stream(cap, spaced_url, x_chunks=20, x_die_after=3)
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes[sc.ERROR_TYPE] == "RemoteProtocolError"
+
+    async def test_stream_ending_without_a_last_event_is_an_error(self, cap, spaced_url) -> None:
+        """A body that ends with neither finish reason, usage nor [DONE] is incomplete."""
+        _, span = await _stream(cap, spaced_url, x_chunks=3, x_no_final=True)
+        assert span.status.status_code is StatusCode.ERROR
+        assert span.attributes[sc.ERROR_TYPE] == "incomplete_stream"
