@@ -41,6 +41,9 @@ OUT_DIR: Final = Path(__file__).resolve().parent
 TAGS: Final = ["stagelens", "llm"]
 MODEL: Final = f'{sc.LABEL_MODEL}=~"$model"'
 TENANT: Final = f'{sc.LABEL_TENANT}=~"$tenant"'
+VLLM_MODEL_LABEL: Final = "model_name"
+"""vLLM's own metrics name the served model ``model_name``, not ``model``."""
+VLLM_MODEL: Final = f'{VLLM_MODEL_LABEL}=~"$model"'
 
 Builder = Callable[[SloConfig], DashboardModel]
 
@@ -93,6 +96,18 @@ def _quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str
 
 def _quantiles(metric: str, by: str, label: str) -> list[Query]:
     return [(_quantile(q, metric, by), f"p{int(q * 100)} {label}") for q in (0.5, 0.95, 0.99)]
+
+
+def stage_positions() -> str:
+    """Each canonical stage's position in request order, as one PromQL vector per stage.
+
+    The budget table sorts its rows by this so they read gateway ... billing, whatever order
+    Prometheus returns the series in (custom stages have no position).
+    """
+    return " or ".join(
+        f'label_replace(vector({position}), "{sc.LABEL_STAGE}", "{stage.value}", "", "")'
+        for position, stage in enumerate(STAGE_ORDER, start=1)
+    )
 
 
 def request_path(cfg: SloConfig) -> DashboardModel:
@@ -151,6 +166,7 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 ],
                 join_field=sc.LABEL_STAGE,
                 unit_overrides={"share": "percentunit"},
+                row_order=stage_positions(),
                 description=f"Stages in request order: {stage_order}. Share: of all stage time.",
             )
         )
@@ -233,15 +249,15 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "percentunit",
                 [
                     (
-                        f"(sum by ({sc.LABEL_STAGE}) (rate({sc.REJECTIONS}{{{MODEL}}}[{RATE}]))"
+                        f"sum by ({sc.LABEL_STAGE}) (rate({sc.REJECTIONS}{{{MODEL}}}[{RATE}]))"
                         f" / ignoring ({sc.LABEL_STAGE}) group_left "
-                        f"sum(rate({requests}[{RATE}]))) or on() vector(0)",
+                        f"sum(rate({requests}[{RATE}]))",
                         "{{stage}}",
                     )
                 ],
                 description="Share of requests answered with an error, by the stage that "
                 "rejected them (401/429 gateway, 503 load balancer, 400 tokenizer, 404 router, "
-                "504/5xx inference). 0 when nothing was rejected.",
+                "504/5xx inference). No series while nothing is rejected.",
             )
         )
         .build()
@@ -255,6 +271,7 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
     cost = f"{sc.COST_USD}{{{MODEL}, {TENANT}}}"
     day = f'{sc.LABEL_WINDOW}="{sc.BUDGET_WINDOW_DAY}"'
     gpus = f"(count({sc.GPU_MEMORY_TOTAL}) or count({sc.DCGM_FB_USED}))"
+    usd_per_hour = f"(sum({sc.GPU_COST_PER_HOUR}) or {gpus} * {cfg.gpu_hourly_cost_usd!r})"
     return (
         _base(
             "stagelens-tokens-cost",
@@ -330,14 +347,15 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
                 "currencyUSD",
                 [
                     (
-                        f"{gpus} * {cfg.gpu_hourly_cost_usd!r} / 3600 / "
-                        f"sum(rate({output}[{RATE}]))",
+                        f"{usd_per_hour} / 3600 / sum(rate({output}[{RATE}]))",
                         "per token",
                     )
                 ],
                 description=(
-                    f"GPUs seen x {cfg.gpu_hourly_cost_usd:g} USD/GPU-hour (SLO config "
-                    "gpu_hourly_cost_usd) divided by output tokens per second."
+                    f"USD per second of GPU time (sum over GPUs of {sc.GPU_COST_PER_HOUR}, "
+                    "the price the GPU exporter publishes, / 3600) divided by output tokens "
+                    "per second. Where no GPU publishes a price: GPUs seen x "
+                    f"{cfg.gpu_hourly_cost_usd:g} USD/GPU-hour (SLO config gpu_hourly_cost_usd)."
                 ),
             )
         )
@@ -354,8 +372,9 @@ def engine_gpu(cfg: SloConfig) -> DashboardModel:
     hit_engine = _or(
         f"sum by ({sc.LABEL_MODEL}) (rate({sc.KV_CACHE_HITS}{{{MODEL}}}[{RATE}])) / "
         f"sum by ({sc.LABEL_MODEL}) (rate({sc.KV_CACHE_QUERIES}{{{MODEL}}}[{RATE}]))",
-        f"sum by (model_name) (rate({sc.VLLM_PREFIX_CACHE_HITS}[{RATE}])) / "
-        f"sum by (model_name) (rate({sc.VLLM_PREFIX_CACHE_QUERIES}[{RATE}]))",
+        f"sum by ({VLLM_MODEL_LABEL}) (rate({sc.VLLM_PREFIX_CACHE_HITS}{{{VLLM_MODEL}}}[{RATE}]))"
+        f" / sum by ({VLLM_MODEL_LABEL}) "
+        f"(rate({sc.VLLM_PREFIX_CACHE_QUERIES}{{{VLLM_MODEL}}}[{RATE}]))",
     )
     cached = f'{sc.TOKENS}{{{MODEL}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_CACHED_INPUT}"}}'
     prompt = f'{sc.TOKENS}{{{MODEL}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_INPUT}"}}'
@@ -392,8 +411,8 @@ def engine_gpu(cfg: SloConfig) -> DashboardModel:
                 [
                     (
                         _or(
-                            f"max by ({sc.LABEL_BACKEND}) ({sc.KV_CACHE_USAGE})",
-                            f"max by (instance) ({sc.VLLM_KV_CACHE_USAGE})",
+                            f"max by ({sc.LABEL_BACKEND}) ({sc.KV_CACHE_USAGE}{{{MODEL}}})",
+                            f"max by (instance) ({sc.VLLM_KV_CACHE_USAGE}{{{VLLM_MODEL}}})",
                         ),
                         "{{backend}}{{instance}}",
                     )
@@ -407,15 +426,15 @@ def engine_gpu(cfg: SloConfig) -> DashboardModel:
                 [
                     (
                         _or(
-                            f"sum({sc.ENGINE_REQUESTS_RUNNING})",
-                            f"sum({sc.VLLM_REQUESTS_RUNNING})",
+                            f"sum({sc.ENGINE_REQUESTS_RUNNING}{{{MODEL}}})",
+                            f"sum({sc.VLLM_REQUESTS_RUNNING}{{{VLLM_MODEL}}})",
                         ),
                         "running",
                     ),
                     (
                         _or(
-                            f"sum({sc.ENGINE_REQUESTS_WAITING})",
-                            f"sum({sc.VLLM_REQUESTS_WAITING})",
+                            f"sum({sc.ENGINE_REQUESTS_WAITING}{{{MODEL}}})",
+                            f"sum({sc.VLLM_REQUESTS_WAITING}{{{VLLM_MODEL}}})",
                         ),
                         "waiting",
                     ),
@@ -429,8 +448,8 @@ def engine_gpu(cfg: SloConfig) -> DashboardModel:
                 [
                     (
                         _or(
-                            f"sum(rate({sc.ENGINE_PREEMPTIONS}[{RATE}]))",
-                            f"sum(rate({sc.VLLM_PREEMPTIONS}[{RATE}]))",
+                            f"sum(rate({sc.ENGINE_PREEMPTIONS}{{{MODEL}}}[{RATE}]))",
+                            f"sum(rate({sc.VLLM_PREEMPTIONS}{{{VLLM_MODEL}}}[{RATE}]))",
                         ),
                         "preemptions/s",
                     )

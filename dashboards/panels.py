@@ -26,6 +26,9 @@ DATASOURCE: Final = DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VA
 RATE: Final = "$__rate_interval"
 """Rate window: Grafana's ``$__rate_interval`` (at least four scrape intervals)."""
 
+ROW_ORDER_LEGEND: Final = "row order"
+"""Legend of a table's hidden row-order query (see ``table_panel``)."""
+
 Query = tuple[str, str]
 """(PromQL expression, legend format)."""
 
@@ -157,8 +160,34 @@ def table_panel(
     description: str = "",
     width: int = 24,
     unit_overrides: dict[str, str] | None = None,
+    row_order: str | None = None,
 ) -> table.Panel:
-    """Instant queries merged into one row per ``join_field`` value (the budget table)."""
+    """Instant queries merged into one row per ``join_field`` value (the budget table).
+
+    Grafana's merge keeps rows in the order Prometheus returns them, which is no order a
+    reader expects; ``row_order`` is an extra, hidden instant query giving each row its
+    position (smallest first), applied with a ``sortBy`` transformation before it is hidden.
+    """
+    refs = list(zip(_REF_IDS, queries, strict=False))
+    sort_field = f"Value #{_REF_IDS[len(refs)]}" if row_order is not None else None
+    transformations = [DataTransformerConfig(id_val="merge", options={})]
+    if sort_field is not None:
+        transformations.append(
+            DataTransformerConfig(
+                id_val="sortBy", options={"fields": {}, "sort": [{"field": sort_field}]}
+            )
+        )
+    hidden = {"Time": True, **({sort_field: True} if sort_field is not None else {})}
+    transformations.append(
+        DataTransformerConfig(
+            id_val="organize",
+            options={
+                "excludeByName": hidden,
+                "indexByName": {join_field: 0},
+                "renameByName": {f"Value #{ref}": legend for ref, (_, legend) in refs},
+            },
+        )
+    )
     panel = (
         table.Panel()
         .title(title)
@@ -167,23 +196,15 @@ def table_panel(
         .unit(unit)
         .span(width)
         .height(9)
-        .with_transformation(DataTransformerConfig(id_val="merge", options={}))
-        .with_transformation(
-            DataTransformerConfig(
-                id_val="organize",
-                options={
-                    "excludeByName": {"Time": True},
-                    "indexByName": {join_field: 0},
-                    "renameByName": {
-                        f"Value #{ref}": legend
-                        for ref, (_, legend) in zip(_REF_IDS, queries, strict=False)
-                    },
-                },
-            )
-        )
     )
+    for transformation in transformations:
+        panel = panel.with_transformation(transformation)
     for field, field_unit in sorted((unit_overrides or {}).items()):
         panel = panel.override_by_name(field, [DynamicConfigValue(id_val="unit", value=field_unit)])
-    for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
+    for ref, (expr, legend) in refs:
         panel = panel.with_target(_target(expr, legend, ref, instant=True))
+    if row_order is not None:
+        panel = panel.with_target(
+            _target(row_order, ROW_ORDER_LEGEND, _REF_IDS[len(refs)], instant=True)
+        )
     return panel

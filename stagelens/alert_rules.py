@@ -196,8 +196,11 @@ def _other_records() -> list[Rule]:
         },
         {
             "record": GPU_BUSY_RECORD,
+            # Real load first: stagelens' GPM SM activity, then DCGM's on hosts that run
+            # only dcgm-exporter, and NVML utilisation (liveness) only where neither exists.
             "expr": (
                 f"max by (instance, {sc.LABEL_GPU}) ({sc.GPU_SM_ACTIVE}) or "
+                f"max by (instance, {sc.LABEL_GPU}) ({sc.DCGM_SM_ACTIVE}) or "
                 f"max by (instance, {sc.LABEL_GPU}) ({sc.GPU_UTILIZATION})"
             ),
         },
@@ -349,8 +352,8 @@ def _serving_alerts(cfg: SloConfig) -> list[Rule]:
             "ticket",
             "GPU {{ $labels.gpu }} on {{ $labels.instance }} saturated",
             (
-                "GPU {{ $labels.gpu }} SM activity (or NVML utilisation where GPM is "
-                "unsupported) is {{ $value | humanizePercentage }}, above "
+                "GPU {{ $labels.gpu }} SM activity (stagelens GPM or DCGM; NVML utilisation "
+                "where neither exists) is {{ $value | humanizePercentage }}, above "
                 f"{cfg.gpu_saturation_threshold:g}, for {cfg.gpu_saturation_for}."
             ),
         ),
