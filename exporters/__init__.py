@@ -4,16 +4,29 @@ Typical use::
 
     telemetry = stagelens.configure()          # OTLP traces per OTEL_*, Prometheus metrics
     stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")
+
+GPU metrics: ``configure(gpu=...)`` registers the NVML collector on the registry that
+``/metrics`` serves (see ``enable_gpu_metrics``), and the ``hw.*`` OTel gauges when a
+meter provider is given or installed globally.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry, start_http_server
+from stagelens.exporters.nvml import (
+    GpuReader,
+    NvmlCollector,
+    gpu_collector_enabled,
+    gpu_collector_for,
+    register_gpu_collector,
+)
 from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_env
 from stagelens.exporters.prometheus import (
     exposition_registry,
@@ -23,10 +36,64 @@ from stagelens.exporters.prometheus import (
 )
 from stagelens.instrumentation._telemetry import Telemetry, set_default_telemetry
 
+from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
 
-__all__ = ["configure", "metrics_app", "register_collector"]
+__all__ = ["configure", "enable_gpu_metrics", "metrics_app", "register_collector"]
+
+_log = logging.getLogger(__name__)
+
+
+def _sdk_meter_provider(given: metrics.MeterProvider | None) -> metrics.MeterProvider | None:
+    """The meter provider for OTel GPU gauges: the one given, else a global SDK provider
+    (the default global is a no-op proxy: then there is no OTel metrics pipeline)."""
+    if given is not None:
+        return given
+    current = metrics.get_meter_provider()
+    return current if isinstance(current, SdkMeterProvider) else None
+
+
+def enable_gpu_metrics(
+    registry: CollectorRegistry | None,
+    *,
+    gpu: bool | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+    telemetry: Telemetry | None = None,
+    interval_s: float = 1.0,
+) -> NvmlCollector | None:
+    """Register the NVML collector on ``registry`` (the one ``/metrics`` serves) and, when
+    ``meter_provider`` is given or an SDK provider is global, the ``hw.*`` OTel gauges over
+    the same reader. Idempotent per registry; never raises.
+
+    ``gpu``: True = always (without NVML: ``stagelens_gpu_collector_up 0`` and one
+    warning), False = never, None = on when nvidia-ml-py imports and
+    ``STAGELENS_GPU_COLLECTOR`` is not ``0``. Returns the collector, or None when off.
+    """
+    if not gpu_collector_enabled(gpu):
+        return None
+    try:
+        existing = gpu_collector_for(registry)
+        if existing is not None:
+            return existing
+        on_error = None
+        if telemetry is not None:
+            report = telemetry.report_error
+
+            def on_error(exc: BaseException) -> None:
+                report(semconv.COMPONENT_NVML, exc)
+
+        reader = GpuReader(interval_s=interval_s, on_error=on_error)
+        collector = register_gpu_collector(registry, gpu=True, reader=reader)
+        provider = _sdk_meter_provider(meter_provider)
+        if provider is not None and collector is not None:
+            from stagelens.exporters.gpu_otel import register_gpu_meters
+
+            register_gpu_meters(provider, reader, cost_usd_per_hour=collector.cost_usd_per_hour)
+        return collector
+    except Exception as exc:  # telemetry never breaks start-up of the host
+        _log.warning("GPU metrics not enabled: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def configure(
@@ -39,6 +106,8 @@ def configure(
     set_global: bool = True,
     metrics_port: int | None = None,
     metrics_addr: str = "127.0.0.1",
+    gpu: bool | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
     **overrides: Any,
 ) -> Telemetry:
     """Set up tracing and Prometheus metrics; return the Telemetry to instrument apps with.
@@ -54,6 +123,11 @@ def configure(
       ``/metrics`` HTTP server.
     - ``set_global``: install the provider globally and make this Telemetry the default for
       ``instrument_app()`` / ``stage()`` calls that name none.
+    - GPU: ``gpu=True`` registers the NVML collector on the exposition registry (what
+      ``/metrics`` serves, also in multiprocess mode), ``False`` never, ``None`` (default)
+      when nvidia-ml-py imports and ``STAGELENS_GPU_COLLECTOR`` is not ``0``. Without a GPU
+      it reports ``stagelens_gpu_collector_up 0`` and logs one warning. With
+      ``meter_provider`` (or a global SDK MeterProvider) the ``hw.*`` OTel gauges too.
     """
     resolved = load_settings(settings, **overrides)
     recording = recording_registry(registry)
@@ -87,6 +161,7 @@ def configure(
         if isinstance(provider, TracerProvider):
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
+    enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)
     if metrics_port is not None:
         start_http_server(metrics_port, addr=metrics_addr, registry=exposition)
     return telemetry
