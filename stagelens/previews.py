@@ -17,6 +17,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
+ROW_ORDER_LEGEND: Final = "row order"
+"""Legend of a table's hidden row-order query (``stagelens.dashboards.panels``)."""
+
 DASHBOARD_FILES: Final = (
     "stagelens-request-path.json",
     "stagelens-tokens-cost.json",
@@ -51,6 +54,40 @@ def _legend(fmt: str, labels: dict[str, str]) -> str:
     return text.strip() or json.dumps(labels)
 
 
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _draw_table(ax: Any, instant: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """Rows joined on their one label, sorted by the hidden row-order query as Grafana does."""
+    rows: dict[str, dict[str, float]] = {}
+    for legend, result in instant:
+        for series in result:
+            key = " ".join(series["metric"].values())
+            rows.setdefault(key, {})[legend] = float(series["value"][1])
+    columns = [legend for legend, _ in instant if legend != ROW_ORDER_LEGEND]
+    ordered = sorted(rows, key=lambda k: (rows[k].get(ROW_ORDER_LEGEND, math.inf), k))
+    cells = [[k, *(_fmt(rows[k][c]) if c in rows[k] else "" for c in columns)] for k in ordered]
+    ax.axis("off")
+    if cells:
+        table = ax.table(cellText=cells, colLabels=["", *columns], loc="center")
+        table.set_fontsize(7)
+
+
+def _draw_stat(ax: Any, instant: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    """The last value in large type, as Grafana's stat panel shows it."""
+    values = [float(s["value"][1]) for _, result in instant for s in result]
+    ax.axis("off")
+    text = "  ".join(_fmt(v) for v in values) or "no data"
+    ax.text(0.5, 0.45, text, ha="center", va="center", fontsize=22)
+
+
+def _draw_bars(ax: Any, instant: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    labels = [_legend(legend, s["metric"])[:36] for legend, result in instant for s in result]
+    values = [float(s["value"][1]) for _, result in instant for s in result]
+    ax.barh(labels, values, height=0.6)
+
+
 def render_previews(
     prometheus_url: str, out_dir: Path, *, minutes: float = 5.0, window: str = "20s"
 ) -> list[Path]:
@@ -75,6 +112,7 @@ def render_previews(
             unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
             ax.set_title(f"{panel['title']} [{unit}]", fontsize=9)
             ax.tick_params(labelsize=7)
+            instant: list[tuple[str, list[dict[str, Any]]]] = []
             for target in panel["targets"]:
                 expr = _substitute(target["expr"], window, span)
                 if panel["type"] in {"timeseries", "heatmap"}:
@@ -90,13 +128,13 @@ def render_previews(
                     url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode(
                         {"query": expr}
                     )
-                    result = _get(url)
-                    labels = [
-                        " ".join([*s["metric"].values(), target.get("legendFormat", "")])[:36]
-                        for s in result
-                    ]
-                    values = [float(s["value"][1]) for s in result]
-                    ax.barh([f"{lab} {target['refId']}" for lab in labels], values, height=0.6)
+                    instant.append((target.get("legendFormat", ""), _get(url)))
+            if panel["type"] == "table":
+                _draw_table(ax, instant)
+            elif panel["type"] == "stat":
+                _draw_stat(ax, instant)
+            elif instant:
+                _draw_bars(ax, instant)
             if ax.lines:
                 ax.legend(fontsize=6, loc="upper left")
                 ax.set_xlabel("seconds before now", fontsize=7)

@@ -291,3 +291,10 @@ class TestLint:
         )
         assert result.returncode == 0, result.stdout + result.stderr
         assert len(rules) > 30
+
+
+def test_previews_hide_the_same_row_order_query() -> None:
+    """previews.py (no grafana SDK import) names the hidden row-order legend as panels.py does."""
+    from stagelens import previews
+
+    assert previews.ROW_ORDER_LEGEND == ROW_ORDER_LEGEND

@@ -39,6 +39,9 @@ from stagelens.slo import BurnWindow, SloConfig
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 TINY_BUDGET_TENANT = "acme"
+SERVED_MODEL = "tiny"
+GPU_PRICE_USD_PER_HOUR = 2.5
+"""Per-GPU price the gpu-exporter publishes here; differs from the SLO config default (2.0)."""
 
 pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
 
@@ -72,9 +75,14 @@ class Gateway:
             body = await request.json()
             with stagelens.stage(stagelens.Stage.TOKENIZER):
                 body.setdefault("max_tokens", 8)
-            with stagelens.stage(stagelens.Stage.ROUTER):
-                if self.admission_delay:
-                    await asyncio.sleep(self.admission_delay)
+            try:
+                with stagelens.stage(stagelens.Stage.ROUTER):
+                    if body.get("model") != SERVED_MODEL:
+                        raise stagelens.Rejected(404, "no such model", code="model_not_found")
+                    if self.admission_delay:
+                        await asyncio.sleep(self.admission_delay)
+            except stagelens.Rejected as rejection:
+                return JSONResponse(rejection.body(), status_code=rejection.status_code)
             upstream = client.build_request("POST", "/v1/chat/completions", json=body)
             if not body.get("stream"):
                 answer = await client.send(upstream)
@@ -92,10 +100,12 @@ class Gateway:
 
             return StreamingResponse(relay(), media_type="text/event-stream")
 
-        def tenant_of(scope: Any) -> str | None:
+        def tenant_of(scope: Any) -> str:
             headers = dict(scope.get("headers", []))
             value = headers.get(b"x-tenant")
-            return value.decode() if value else None
+            if not value:
+                raise stagelens.Rejected(401, "missing x-tenant", type="authentication_error")
+            return str(value.decode())
 
         stagelens.instrument_app(
             app, telemetry=telemetry, metrics_path="/metrics", auth_hook=tenant_of
@@ -123,7 +133,8 @@ class Gateway:
 
 
 def send_traffic(gateway: Gateway, seconds: float, concurrency: int = 2) -> int:
-    """Streamed and plain chat requests from two tenants, plus a few 404s; returns count."""
+    """Streamed and plain chat requests from two tenants, plus rejections: a 404 from the router
+    (unknown model) and a 401 from the gateway (no tenant); returns the count."""
     prefix = "You are a helpful assistant that answers briefly. " * 30  # > 128 tokens: cache hits
 
     async def worker(n: int, stop: float, client: httpx.AsyncClient) -> int:
@@ -136,11 +147,12 @@ def send_traffic(gateway: Gateway, seconds: float, concurrency: int = 2) -> int:
                 "max_tokens": 8,
                 "stream": bool(sent % 2),
             }
+            headers = {"x-tenant": tenant}
             if sent % 7 == 6:
-                body["model"] = "no-such-model"  # a 404 for the error panels
-            response = await client.post(
-                "/v1/chat/completions", json=body, headers={"x-tenant": tenant}
-            )
+                body["model"] = "no-such-model"  # rejected by the router: 404
+            if sent % 11 == 10:
+                headers = {}  # rejected by the gateway: 401
+            response = await client.post("/v1/chat/completions", json=body, headers=headers)
             await response.aread()
             sent += 1
         return sent
@@ -223,9 +235,6 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     return out
 
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
 @contextlib.contextmanager
 def gpu_exporter(port: int) -> Iterator[None]:
     """``stagelens gpu-exporter`` with the NVML fake (no GPU here; the fake mirrors readings
@@ -237,7 +246,7 @@ def gpu_exporter(port: int) -> Iterator[None]:
     env = {
         **os.environ,
         "STAGELENS_NVML_MODULE": "tests.exporters.fake_nvml",
-        "STAGELENS_GPU_COST_USD_PER_HOUR": "2.5",
+        "STAGELENS_GPU_COST_USD_PER_HOUR": str(GPU_PRICE_USD_PER_HOUR),
     }
     proc = subprocess.Popen(
         [
@@ -310,6 +319,13 @@ class TestPrometheusEndToEnd:
                 empty.append(f"{board} / {title}: {expr}")
         assert not empty, "panels without series:\n" + "\n".join(empty)
         assert len(queries) > 30
+        rejected = {s["metric"]["stage"] for s in prom.query(sc.REJECTIONS)}
+        assert rejected == {"gateway", "router"}, rejected
+        # GPU-time cost per output token is priced from the exporter's per-GPU gauge.
+        cost = next(e for _, t, e in queries if t == "GPU-time cost per output token")
+        output = f'sum(rate({sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}[20s]))'
+        price = prom.query(f"({concrete(cost)}) * {output} * 3600 / count({sc.GPU_COST_PER_HOUR})")
+        assert float(price[0]["value"][1]) == pytest.approx(GPU_PRICE_USD_PER_HOUR)
         print(
             f"e2e panels: {len(queries)} queries, {sent} requests,"
             f" {time.monotonic() - started:.1f}s"
@@ -359,8 +375,17 @@ class TestPrometheusEndToEnd:
         deadline = time.monotonic() + 90
         while not sink.alerts(sc.ALERT_COST_BUDGET_BURN) and time.monotonic() < deadline:
             send_traffic(gateway, seconds=3)
-        alerts = sink.alerts(sc.ALERT_COST_BUDGET_BURN)
+        alerts = [
+            a for a in sink.alerts(sc.ALERT_COST_BUDGET_BURN) if a["labels"].get("test") == "fast"
+        ]
         assert alerts, prom.query("ALERTS")
-        assert {a["labels"]["tenant"] for a in alerts} == {TINY_BUDGET_TENANT}
-        assert alerts[0]["annotations"]["runbook_url"].endswith("#stagelenscostbudgetburn")
+        for alert in alerts:
+            assert alert["labels"] == {
+                "alertname": sc.ALERT_COST_BUDGET_BURN,
+                "tenant": TINY_BUDGET_TENANT,
+                "severity": "page",
+                "long_window": "30s",
+                "test": "fast",
+            }
+            assert alert["annotations"]["runbook_url"].endswith("#stagelenscostbudgetburn")
         print(f"e2e cost alert in {time.monotonic() - started:.1f}s")
