@@ -236,6 +236,28 @@ async def measure(
         return done / (time.perf_counter() - t0), p50, cpu_per_request
 
 
+def check_full_work(metrics_url: str) -> None:
+    """Refuse a flattering figure: the instrumented proxy must really have parsed usage,
+    billed it and recorded engine phases for the requests it served."""
+    text = httpx.get(metrics_url, timeout=10).text
+
+    def total(prefix: str) -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(prefix) and not line.startswith("#")
+        )
+
+    output_tokens = total('stagelens_tokens_total{model="tiny",tenant="other",type="output"}')
+    phases = total("stagelens_engine_phase_duration_seconds_count")
+    requests = total('stagelens_requests_total{code="200",model="tiny"}')  # not /docs
+    if not (output_tokens >= 16 * requests > 0 and phases >= 3 * requests):
+        raise SystemExit(
+            f"instrumented proxy did not do the full work: {requests} requests, "
+            f"{output_tokens} output tokens billed, {phases} engine phases"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -275,6 +297,8 @@ def main() -> None:
                             f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid
                         )
                     )
+                    if variant in ("stagelens", "metrics"):
+                        check_full_work(f"http://127.0.0.1:{port}/metrics")
                 finally:
                     proxy.terminate()
                     proxy.wait(10)
