@@ -72,8 +72,39 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+class _Stopped(KeyboardInterrupt):
+    """Raised in the main thread by the first SIGINT/SIGTERM, wherever the demo is (vLLM
+    start-up, traffic run, serving), so every ``finally`` on the way out stops what it
+    started; a KeyboardInterrupt so that code catching only Exception lets it through."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run the demo; returns the exit status."""
+    """Run the demo; returns the exit status (128 + signal number when stopped by one)."""
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stopping.is_set():
+            return  # already stopping: let the cleanup (vLLM SIGTERM, then SIGKILL) finish
+        stopping.set()
+        raise _Stopped(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(args, stopping)
+    except _Stopped as stop:
+        print()
+        _say(f"stopped by {signal.Signals(stop.signum).name}")
+        return 128 + stop.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     import uvicorn
 
     from stagelens import configure
@@ -114,18 +145,11 @@ def run(args: argparse.Namespace) -> int:
     )
     api_key = next(iter(config.api_keys)) if args.config is not None else DEMO_API_KEY
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     _say(
         f"starting {len(servers)} vLLM backend(s) on {', '.join(backends)} "
-        f"(about a minute on a CPU; logs in {logs})"
+        f"(about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
     )
+    # running() stops every server in its finally, however we leave (signal included).
     with running(servers, timeout=900, progress=_progress("waiting for vLLM")):
         print()
         telemetry = configure()
@@ -136,29 +160,31 @@ def run(args: argparse.Namespace) -> int:
         )
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
-        while not server.started:
-            if not thread.is_alive():
-                raise StageLensError(f"the gateway could not start on {args.host}:{args.port}")
-            time.sleep(0.05)
-        gateway = f"http://{args.host}:{args.port}"
-        _say(f"gateway up on {gateway}")
-        if not args.no_traffic:
-            _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
-            asyncio.run(_traffic(gateway, api_key, args.requests))
-            from stagelens.report import fetch, render_table
+        try:
+            while not server.started:
+                if not thread.is_alive():
+                    raise StageLensError(f"the gateway could not start on {args.host}:{args.port}")
+                time.sleep(0.05)
+            gateway = f"http://{args.host}:{args.port}"
+            _say(f"gateway up on {gateway}")
+            if not args.no_traffic:
+                _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
+                asyncio.run(_traffic(gateway, api_key, args.requests))
+                from stagelens.report import fetch, render_table
 
-            print()
-            print(render_table(fetch(f"{gateway}/metrics")))
-            print()
-        _print_urls(gateway, backends, api_key)
-        if not args.exit_after_traffic:
-            _say("stack is up; Ctrl-C stops everything")
-            while not stop.is_set():
-                stop.wait(0.5)
-        _say("stopping")
-        server.should_exit = True
-        thread.join(timeout=10)
-        telemetry.shutdown()
+                print()
+                print(render_table(fetch(f"{gateway}/metrics")))
+                print()
+            _print_urls(gateway, backends, api_key)
+            if not args.exit_after_traffic:
+                _say("stack is up; Ctrl-C stops everything")
+                while not stopping.is_set():
+                    stopping.wait(0.5)
+        finally:
+            _say("stopping")
+            server.should_exit = True
+            thread.join(timeout=10)
+            telemetry.shutdown()
     return 0
 
 

@@ -31,8 +31,11 @@ DEFAULT_FLAGS: Final[tuple[str, ...]] = (
     "--enable-prefix-caching",
     "--enable-prompt-tokens-details",
     "--enable-per-request-metrics",
+    "--enable-request-id-headers",
 )
-"""Flags stagelens needs from every backend: cache hits, cached-token usage, engine timings."""
+"""Flags stagelens needs from every backend: cache hits, cached-token usage, engine timings,
+and the request id echoed in the ``X-Request-Id`` response header (``stagelens.vllm.request_id``
+on the inference span)."""
 
 
 class BackendStartError(StageLensError, RuntimeError):

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import FastAPI, Request
 from stagelens.instrumentation import Telemetry
@@ -32,9 +33,10 @@ from stagelens.reference.pipeline import (
 from stagelens.reference.policy import ApiKeyAuth, TokenBucketLimiter
 from stagelens.reference.schema import ChatRequest, CompletionRequest, parse
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 import stagelens
-from stagelens import Rejected, Stage, current_request, record_usage, stage
+from stagelens import PriceTable, Rejected, Stage, current_request, record_usage, stage
 
 REQUEST_KEY = "stagelens.reference.request"
 TENANT_KEY = "stagelens.reference.tenant"
@@ -81,6 +83,11 @@ class Gateway:
         if path.endswith("/completions"):
             scope[REQUEST_KEY] = parse(body, kind)
 
+    def tokenizer_for(self, model: str) -> TokenCounter | None:
+        """The token counter of a served model (None for an unknown name)."""
+        pool = self.router.pools.get(model)
+        return self.tokenizers[pool.config.tokenizer] if pool is not None else None
+
     def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
         """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger."""
         record_usage(
@@ -101,14 +108,44 @@ def _error(rejection: Rejected) -> JSONResponse:
     )
 
 
+def _reject(stage_name: Stage) -> None:
+    """Attribute an error answered outside a ``stage()`` block to the stage that failed."""
+    state = current_request()
+    if state is not None:
+        state.reject(stage_name)
+
+
+def _with_prices(telemetry: Telemetry | None, prices: PriceTable) -> Telemetry:
+    """A Telemetry recording where ``telemetry`` records (same settings, tracer provider and
+    registries, hence the same instruments), billing with ``prices``. None: the global
+    tracer provider and the default registry."""
+    if telemetry is None:
+        return Telemetry(prices=prices)
+    return Telemetry(
+        telemetry.settings,
+        tracer_provider=telemetry.tracer_provider,
+        registry=telemetry.registry,
+        exposition_registry=telemetry.exposition_registry,
+        prices=prices,
+    )
+
+
 def create_app(
     config: GatewayConfig,
     *,
     telemetry: Telemetry | None = None,
     safety: SafetyCheck | None = None,
 ) -> FastAPI:
-    """Build the gateway app, instrumented with stagelens (``/metrics`` served by it)."""
+    """Build the gateway app, instrumented with stagelens (``/metrics`` served by it).
+
+    Prices: ``config.price_table``, when set, wins, also over the prices of a ``telemetry``
+    passed in (the gateway's own config is the more specific source); the app then records
+    through a copy of that telemetry that differs only in its price table. Without it, the
+    passed telemetry's prices apply (or, with none passed, the configured default's).
+    """
     gateway = Gateway(config, safety)
+    if config.price_table is not None:
+        telemetry = _with_prices(telemetry, PriceTable.load(config.price_table))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -120,6 +157,7 @@ def create_app(
 
     app = FastAPI(title="stagelens reference gateway", lifespan=lifespan)
     app.state.gateway = gateway
+    app.state.telemetry = telemetry
     stagelens.instrument_httpx_client(gateway.client, telemetry=telemetry)
 
     @app.exception_handler(Rejected)
@@ -156,106 +194,184 @@ def create_app(
     return app
 
 
+class _Lease:
+    """What one request holds: a backend (counted in its ``outstanding`` from assignment,
+    so least-outstanding sees queued requests too) and an admission slot. Released once."""
+
+    __slots__ = ("backend", "pool")
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.pool: Pool | None = None
+
+    def release(self) -> None:
+        if self.backend is not None:
+            self.backend.outstanding -= 1
+            self.backend = None
+        if self.pool is not None:
+            self.pool.release()
+            self.pool = None
+
+
 async def _complete(gateway: Gateway, request: Request, *, chat: bool) -> Response:
     req = request.scope[REQUEST_KEY]
     tenant = str(request.scope.get(TENANT_KEY, "other"))
-    state = current_request()
-    if state is not None:
-        state.set_model(req.model)
     pool = gateway.router.pools.get(req.model)
-
-    with stage(Stage.LOAD_BALANCER):
-        prefix = ("".join(m.content for m in req.messages) if chat else req.prompt)[
-            : gateway.config.prefix_affinity_chars
-        ]
-        backend = pool.balancer.choose(prefix) if pool is not None else None
-
-    with stage(Stage.TOKENIZER):
-        counter = gateway.tokenizers[pool.config.tokenizer] if pool is not None else None
-        prompt_tokens = 0
-        if counter is not None and pool is not None:
-            prompt_tokens = (
-                counter.count_chat([m.model_dump() for m in req.messages])
-                if chat
-                else counter.count_text(req.prompt)
-            )
-            check_context(prompt_tokens, req.output_limit, pool.config.max_model_len)
-
-    with stage(Stage.ROUTER):
-        pool = gateway.router.route(req.model)
-        admission = pool.admitted()
-        await admission.__aenter__()
-    assert backend is not None
-
-    body = req.model_dump(exclude_none=True)
-    body["model"] = pool.upstream_model
-    wants_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-    if req.stream:
-        body["stream_options"] = {"include_usage": True}
-    path = "/v1/chat/completions" if chat else "/v1/completions"
+    state = current_request()
+    if pool is not None and state is not None:
+        # Only a model the router serves names the metric series; any other name keeps the
+        # default label, so random model names cannot create new series.
+        state.set_model(req.model)
+    lease = _Lease()
+    handed_over = False
     try:
-        upstream, backend = await _send(gateway, pool, backend, prefix, path, body, req.stream)
-    except BaseException:
-        await admission.__aexit__(None, None, None)
-        raise
-    if not req.stream:
-        try:
+        with stage(Stage.LOAD_BALANCER):
+            prefix = ("".join(m.content for m in req.messages) if chat else req.prompt)[
+                : gateway.config.prefix_affinity_chars
+            ]
+            if pool is not None:
+                lease.backend = pool.balancer.assign(prefix)
+
+        with stage(Stage.TOKENIZER):
+            counter = gateway.tokenizers[pool.config.tokenizer] if pool is not None else None
+            prompt_tokens = 0
+            if counter is not None and pool is not None:
+                prompt_tokens = (
+                    counter.count_chat([m.model_dump() for m in req.messages])
+                    if chat
+                    else counter.count_text(req.prompt)
+                )
+                check_context(prompt_tokens, req.output_limit, pool.config.max_model_len)
+
+        with stage(Stage.ROUTER):
+            pool = gateway.router.route(req.model)
+            await pool.acquire()
+            lease.pool = pool
+
+        body = req.model_dump(exclude_none=True)
+        body["model"] = pool.upstream_model
+        wants_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        if req.stream:
+            body["stream_options"] = {"include_usage": True}
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        upstream = await _send(gateway, pool, lease, prefix, path, body, req.stream)
+        if upstream.status_code >= 400:
+            return await _upstream_error(upstream)
+        if not req.stream:
             return await _finish_json(gateway, upstream, req, tenant, prompt_tokens, chat)
-        finally:
-            backend.outstanding -= 1
-            await admission.__aexit__(None, None, None)
-
-    async def release() -> None:
-        backend.outstanding -= 1
-        await admission.__aexit__(None, None, None)
-
-    return StreamingResponse(
-        _relay(gateway, upstream, req, tenant, prompt_tokens, wants_usage, chat, release),
-        media_type="text/event-stream",
-    )
+        response = _RelayResponse(
+            _relay(gateway, upstream, req, tenant, prompt_tokens, wants_usage, chat, lease),
+            media_type="text/event-stream",
+        )
+        handed_over = True  # the relay releases the lease when the stream ends
+        return response
+    finally:
+        if not handed_over:
+            lease.release()
 
 
 async def _send(
     gateway: Gateway,
     pool: Pool,
-    backend: Backend,
+    lease: _Lease,
     prefix: str,
     path: str,
     body: dict[str, Any],
     stream: bool,
-) -> tuple[httpx.Response, Backend]:
-    """Inference stage: call the backend; fail over to another on a connection error."""
+) -> httpx.Response:
+    """Inference stage: call the backend; fail over to another on a connection error.
+
+    Errors answered here happen outside any ``stage()`` block, so each names the stage that
+    failed: the load balancer when no healthy backend is left, inference for a timeout.
+    """
     tried: list[Backend] = []
     while True:
-        backend.outstanding += 1
+        backend = lease.backend
+        assert backend is not None
         try:
-            upstream = await gateway.client.send(
+            return await gateway.client.send(
                 gateway.client.build_request("POST", backend.url + path, json=body),
                 stream=stream,
             )
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as exc:
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            # No answer at all from this backend: take it out (passive check, until the
+            # active check says otherwise) and try another.
+            backend.healthy = False
             backend.outstanding -= 1
-            backend.healthy = False  # passive check: out until the active check says so
+            lease.backend = None
             tried.append(backend)
             try:
-                backend = pool.balancer.choose(prefix, exclude=tried)
+                lease.backend = pool.balancer.assign(prefix, exclude=tried)
             except Rejected:
+                _reject(Stage.LOAD_BALANCER)
                 raise Rejected(
                     503,
                     f"Backend unavailable: {type(exc).__name__}",
                     type="server_error",
                     code="backend_unavailable",
                 ) from exc
-            continue
         except httpx.TimeoutException as exc:
-            backend.outstanding -= 1
+            _reject(Stage.INFERENCE)
             raise Rejected(
                 504,
                 "The model server did not answer in time.",
                 type="server_error",
                 code="upstream_timeout",
             ) from exc
-        return upstream, backend
+        except httpx.HTTPError as exc:
+            _reject(Stage.INFERENCE)
+            raise Rejected(
+                502,
+                f"The model server call failed: {type(exc).__name__}",
+                type="server_error",
+                code="upstream_error",
+            ) from exc
+
+
+def _client_status(upstream_status: int) -> int:
+    """The status the client gets for an upstream error status.
+
+    A 4xx other than 401/403/404/429 means the engine found the request invalid: passed on.
+    401/403/404 from the engine mean the gateway's own upstream settings are wrong, and other
+    5xx a broken engine: 502. 429/503 mean the engine is full: 503. 504 stays 504.
+    """
+    if upstream_status in (401, 403, 404):
+        return 502
+    if upstream_status in (429, 503):
+        return 503
+    if upstream_status == 504 or 400 <= upstream_status < 500:
+        return upstream_status
+    return 502
+
+
+async def _upstream_error(upstream: httpx.Response) -> Response:
+    """Answer an upstream error status (before any byte was streamed) with the mapped status
+    and an OpenAI-style body carrying the engine's message; the inference stage rejected."""
+    try:
+        raw = await upstream.aread()
+    finally:
+        await upstream.aclose()
+    message = raw.decode(errors="replace")[:500] or f"HTTP {upstream.status_code}"
+    param = None
+    try:
+        payload = json.loads(raw)
+        error = payload.get("error", payload) if isinstance(payload, dict) else None
+        if isinstance(error, dict):
+            message = str(error.get("message") or message)
+            param = error.get("param") if isinstance(error.get("param"), str) else None
+    except ValueError:
+        pass
+    status = _client_status(upstream.status_code)
+    _reject(Stage.INFERENCE)
+    return _error(
+        Rejected(
+            status,
+            f"The model server answered {upstream.status_code}: {message}",
+            type="invalid_request_error" if status < 500 else "server_error",
+            code="upstream_rejected" if status < 500 else "upstream_error",
+            param=param,
+        )
+    )
 
 
 async def _finish_json(
@@ -266,13 +382,6 @@ async def _finish_json(
     prompt_tokens: int,
     chat: bool,
 ) -> Response:
-    if upstream.status_code >= 400:
-        state = current_request()
-        if state is not None:
-            state.reject(Stage.INFERENCE)
-        return Response(
-            upstream.content, status_code=upstream.status_code, media_type="application/json"
-        )
     payload = upstream.json()
     with stage(Stage.POSTPROCESS):
         for choice in payload.get("choices", []):
@@ -304,6 +413,25 @@ def _event(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class _RelayResponse(StreamingResponse):
+    """A StreamingResponse that always closes its relay itself, in the request's context.
+
+    Why: when the client goes away while a chunk is being sent, Starlette abandons the body
+    iterator; left to the garbage collector, the relay's cleanup (closing the upstream,
+    which makes vLLM abort; releasing the backend and admission slot; billing) would run
+    late and outside the request, after its metrics were recorded.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+
+
 async def _relay(
     gateway: Gateway,
     upstream: httpx.Response,
@@ -312,40 +440,32 @@ async def _relay(
     prompt_tokens: int,
     wants_usage: bool,
     chat: bool,
-    release: Callable[[], Awaitable[None]],
+    lease: _Lease,
 ) -> AsyncIterator[bytes]:
     """Pass the upstream SSE stream through event by event (never buffered): stop
     sequences and the safety check per event, usage stripped unless asked for; a backend
-    dying mid-stream ends the client's stream with an error event; a client going away
-    aborts the upstream request; billing always runs with what was generated."""
-    text = ""
-    generated = 0
+    dying mid-stream ends the client's stream with an error event; a stop sequence, a
+    safety cut or the client going away closes the upstream connection, which aborts the
+    generation; billing always runs with what was generated."""
+    text = ""  # what the client was sent
+    pieces: list[str] = []  # every content piece the engine produced
     usage: dict[str, Any] | None = None
-    finished = False
+    upstream_done = False  # [DONE] seen: read on to the end so the connection is reused
+    cut = False  # the gateway ended the stream (stop sequence, safety check)
     buffer = b""
     try:
-        if upstream.status_code >= 400:
-            body = await upstream.aread()
-            yield _event(
-                {
-                    "error": {
-                        "message": body.decode(errors="replace")[:500],
-                        "type": "server_error",
-                        "code": upstream.status_code,
-                    }
-                }
-            )
-            return
         try:
             async for chunk in upstream.aiter_raw():
+                if upstream_done:
+                    continue
                 buffer += chunk
-                while b"\n\n" in buffer and not finished:
+                while b"\n\n" in buffer:
                     raw, buffer = buffer.split(b"\n\n", 1)
-                    if not raw.startswith(b"data: "):
+                    if not raw.startswith(b"data:"):
                         continue
-                    data = raw[6:]
+                    data = raw[5:].strip()
                     if data == b"[DONE]":
-                        finished = True
+                        upstream_done = True
                         break
                     event = json.loads(data)
                     if event.get("usage") is not None and not event.get("choices"):
@@ -359,34 +479,35 @@ async def _relay(
                         delta = choice.get("delta", {}) if chat else choice
                         piece = delta.get("content") if chat else delta.get("text")
                         if piece:
-                            generated += 1
-                            cut, stopped = apply_stops(text + piece, req.stops)
-                            if stopped or not gateway.safety(cut):
-                                keep = cut[len(text) :] if stopped else ""
+                            pieces.append(piece)
+                            kept, stopped = apply_stops(text + piece, req.stops)
+                            if stopped or not gateway.safety(kept):
+                                keep = kept[len(text) :] if stopped else ""
                                 if chat:
                                     delta["content"] = keep
                                 else:
                                     delta["text"] = keep
                                 choice["finish_reason"] = "stop" if stopped else "content_filter"
-                                finished = True
-                            text = cut
+                                cut = True
+                            text = kept
                     yield _event(event)
-                if finished:
+                    if cut:
+                        break
+                if cut:
                     break
         except httpx.HTTPError as exc:
-            state = current_request()
-            if state is not None:
-                state.reject(Stage.INFERENCE)
-            yield _event(
-                {
-                    "error": {
-                        "message": f"Model server failed mid-stream: {type(exc).__name__}",
-                        "type": "server_error",
-                        "code": "upstream_failed",
+            if not upstream_done and usage is None:
+                _reject(Stage.INFERENCE)
+                yield _event(
+                    {
+                        "error": {
+                            "message": f"Model server failed mid-stream: {type(exc).__name__}",
+                            "type": "server_error",
+                            "code": "upstream_failed",
+                        }
                     }
-                }
-            )
-            return
+                )
+                return
         with stage(Stage.POSTPROCESS):
             safe = gateway.safety(text)
         if not safe:
@@ -401,15 +522,25 @@ async def _relay(
             )
         yield b"data: [DONE]\n\n"
     finally:
-        await upstream.aclose()  # closing the connection makes vLLM abort the generation
-        await release()
+        # Shielded: when the client goes away this runs inside a cancelled scope, and the
+        # close must still reach the engine (closing the connection aborts the generation).
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()
+        lease.release()
         if usage is not None:
             details = usage.get("prompt_tokens_details") or {}
             gateway.bill(
                 tenant,
                 int(usage.get("prompt_tokens", prompt_tokens)),
-                int(usage.get("completion_tokens", generated)),
+                int(usage.get("completion_tokens", 0)),
                 int(details.get("cached_tokens") or 0),
             )
-        else:  # cut short: bill the prompt and what was generated so far
-            gateway.bill(tenant, prompt_tokens, generated, 0)
+        else:
+            # Cut short before the engine's usage: bill the prompt as counted by the
+            # tokenizer stage and the generated text re-tokenized with the same tokenizer.
+            # Cached prompt tokens are unknown without the engine's usage and billed as 0
+            # (full input price), which can only overcharge by the cache discount.
+            counter = gateway.tokenizer_for(req.model)
+            generated = "".join(pieces)
+            output = counter.count_generated(generated) if counter and generated else 0
+            gateway.bill(tenant, prompt_tokens, output, 0)

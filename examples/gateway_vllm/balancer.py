@@ -59,6 +59,14 @@ class Balancer:
             return max(candidates, key=lambda b: _score(b.url, prefix))
         return min(candidates, key=lambda b: b.outstanding)
 
+    def assign(self, prefix: str, exclude: Iterable[Backend] = ()) -> Backend:
+        """:meth:`choose`, counting the request as outstanding on the backend at once: a
+        request still waiting for admission is already that backend's load, so the next
+        choice sees it (the caller decrements ``outstanding`` when the request ends)."""
+        backend = self.choose(prefix, exclude)
+        backend.outstanding += 1
+        return backend
+
 
 class HealthChecker:
     """Polls every backend's ``/health`` in the background."""

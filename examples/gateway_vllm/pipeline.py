@@ -4,9 +4,8 @@ admission control) and post-processing (safety check, stop sequences)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from stagelens.reference.balancer import Balancer
@@ -35,6 +34,12 @@ class TokenCounter:
     def count_text(self, text: str) -> int:
         return len(self._tokenizer(text)["input_ids"])
 
+    def count_generated(self, text: str) -> int:
+        """Tokens in generated ``text`` (no special tokens added). Re-tokenizing decoded
+        text can differ from the engine's own ids by a token or so at odd byte boundaries;
+        it is used only when the engine's usage never arrived (stream cut short)."""
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
 
 def check_context(prompt_tokens: int, output_tokens: int, window: int) -> None:
     """400 ``context_length_exceeded`` before any engine work."""
@@ -58,27 +63,25 @@ class Pool:
         self.upstream_model = config.upstream_model or name
         self._slots = asyncio.Semaphore(config.max_inflight)
 
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Wait (bounded) for an in-flight slot; 503 when the wait times out."""
+    async def acquire(self) -> None:
+        """Wait (bounded) for an in-flight slot; 503 when the wait times out. Pair with
+        :meth:`release`."""
         try:
             if self._slots.locked():  # full: wait, bounded
-                await asyncio.wait_for(
-                    self._slots.acquire(), self.config.admission_timeout_seconds
-                )
+                await asyncio.wait_for(self._slots.acquire(), self.config.admission_timeout_seconds)
             else:  # a free slot: take it without yielding to the event loop
                 await self._slots.acquire()
-        except TimeoutError as exc:
+        except asyncio.TimeoutError as exc:  # on Python 3.10 not the builtin TimeoutError
             raise Rejected(
                 503,
                 f"Model {self.name!r} is at capacity; try again later.",
                 type="server_error",
                 code="admission_timeout",
             ) from exc
-        try:
-            yield
-        finally:
-            self._slots.release()
+
+    def release(self) -> None:
+        """Give back the slot taken by :meth:`acquire`."""
+        self._slots.release()
 
 
 class Router:

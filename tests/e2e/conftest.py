@@ -67,3 +67,28 @@ def gateway_factory(port_factory: Any) -> Any:
         yield from start_gateway(config, port_factory())
 
     return factory
+
+
+@pytest.fixture(scope="module")
+def tight_gateway(
+    vllm_server: Any, tiny_model: Path, port_factory: Any
+) -> Iterator[RunningGateway]:
+    """Two tenants' keys (``sk-good`` -> acme, ``sk-other`` -> globex) and a single admission
+    slot for ``tiny`` with a 0.2 s wait, shared by the tests of one module."""
+    from stagelens.reference import GatewayConfig
+
+    config = GatewayConfig.model_validate(
+        {
+            "api_keys": {"sk-good": "acme", "sk-other": "globex"},
+            "models": {
+                "tiny": {
+                    "backends": [vllm_server.base_url],
+                    "tokenizer": str(tiny_model),
+                    "max_inflight": 1,
+                    "admission_timeout_seconds": 0.2,
+                }
+            },
+            "health_interval_seconds": 60,
+        }
+    )
+    yield from start_gateway(config, port_factory())

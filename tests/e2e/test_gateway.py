@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.parser import text_string_to_metric_families
 from stagelens.reference import GatewayConfig
 
 from stagelens import semconv
@@ -91,9 +96,14 @@ class TestTrace:
         assert attrs[semconv.GEN_AI_USAGE_OUTPUT_TOKENS] == chunks[-1].usage.completion_tokens
         assert attrs[semconv.GEN_AI_USAGE_INPUT_TOKENS] == chunks[-1].usage.prompt_tokens
         assert type(attrs[semconv.SERVER_PORT]) is int
-        # the vLLM-side request id: vLLM named its response after our X-Request-Id
+        # the vLLM-side request id: vLLM named its response after our X-Request-Id and
+        # echoed it back (--enable-request-id-headers)
         request_id = attrs[semconv.ATTR_REQUEST_ID]
         assert request_id in response_id
+        assert attrs[semconv.ATTR_VLLM_REQUEST_ID] == request_id
+        # a complete stream is a success, though the relay stops reading at [DONE]
+        assert inference.status.status_code in (StatusCode.UNSET, StatusCode.OK)
+        assert semconv.ERROR_TYPE not in attrs
         engine = {
             s.name
             for s in spans
@@ -291,10 +301,14 @@ class TestErrorPaths:
                 assert (
                     sum(
                         cap.value(semconv.REQUESTS, model=m, code=code_label) or 0
-                        for m in ("unknown", "tiny", "nope", "dead")
+                        for m in ("unknown", "tiny", "dead")
                     )
                     >= 1
                 ), code_label
+            # an unknown model name never becomes a label value: it counts as "unknown"
+            assert cap.value(semconv.REQUESTS, model="unknown", code="404") == 5.0
+            for code_label in ("404", "429"):
+                assert cap.value(semconv.REQUESTS, model="nope", code=code_label) is None
             rejected = {
                 s.attributes.get(semconv.ATTR_REJECTED_BY) for s in cap.spans() if s.parent is None
             }
@@ -321,7 +335,12 @@ class TestErrorPaths:
             )
             assert r.status_code == 504, r.text
             assert r.json()["error"]["code"] == "upstream_timeout"
-            assert gw.capture.value(semconv.REQUESTS, model="tiny", code="504") == 1.0
+            cap = gw.capture
+            assert cap.value(semconv.REQUESTS, model="tiny", code="504") == 1.0
+            labels = {"stage": "inference", "model": "tiny", "code": "504"}
+            assert cap.value(semconv.REJECTIONS, **labels) == 1.0
+            root = next(s for s in cap.spans() if s.parent is None)
+            assert root.attributes[semconv.ATTR_REJECTED_BY] == "inference"
 
 
 class TestFailover:
@@ -356,16 +375,39 @@ class TestFailover:
                 results = asyncio.run(_traffic_while_killing(gw.url, doomed))
         finally:
             doomed.stop()
-        statuses = [s for s, _ in results]
-        assert len(statuses) == 24  # every request finished (none hung past its timeout)
-        ok = [s for s in statuses if s == 200]
-        assert len(ok) >= 20, statuses
-        assert all(s in (200, 503) for s in statuses), statuses
+        assert len(results) == 24  # every request finished (none hung past its timeout)
+        outcomes = [_outcome(*result) for result in results]
+        # What the client saw, for each request: a complete answer, or a clean error (an
+        # error status with an error body, or an error event ending a broken stream).
+        assert all(o in ("complete", "error_status", "error_event") for o in outcomes), results
+        # the 16 sent after the kill all found the live backend
+        assert outcomes[8:] == ["complete"] * 16, results
+        assert outcomes.count("complete") >= 16
 
 
-async def _traffic_while_killing(url: str, doomed: Any) -> list[tuple[int, str]]:
+def _outcome(status: int, stream: bool, text: str) -> str:
+    """Classify what one client saw: complete, error_status, error_event, or broken."""
+    if status != 200:
+        error = json.loads(text).get("error") or {}
+        return "error_status" if error.get("code") and error.get("message") else "broken"
+    if not stream:
+        body = json.loads(text)
+        return "complete" if body["choices"][0]["finish_reason"] else "broken"
+    events = [line[6:] for line in text.split("\n\n") if line.startswith("data: ")]
+    if events and events[-1] == "[DONE]":
+        payloads = [json.loads(e) for e in events[:-1]]
+        if not any("error" in p for p in payloads) and any(
+            c.get("finish_reason") for p in payloads for c in p.get("choices", [])
+        ):
+            return "complete"
+    if events and json.loads(events[-1]).get("error", {}).get("code") == "upstream_failed":
+        return "error_event"
+    return "broken"
+
+
+async def _traffic_while_killing(url: str, doomed: Any) -> list[tuple[int, bool, str]]:
     headers = {"authorization": "Bearer sk-good"}
-    results: list[tuple[int, str]] = []
+    results: dict[int, tuple[int, bool, str]] = {}
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
         body = {
@@ -375,12 +417,268 @@ async def _traffic_while_killing(url: str, doomed: Any) -> list[tuple[int, str]]
             "messages": [{"role": "user", "content": f"failover {i}"}],
         }
         r = await client.post("/v1/chat/completions", json=body)
-        results.append((r.status_code, r.text[-200:]))
+        results[i] = (r.status_code, bool(body["stream"]), r.text)
 
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as client:
         first = [asyncio.create_task(one(client, i)) for i in range(8)]
         await asyncio.sleep(0.3)
         doomed.kill()
         await asyncio.gather(*first)
         await asyncio.gather(*(one(client, i) for i in range(8, 24)))
-    return results
+    return [results[i] for i in sorted(results)]
+
+
+def _vllm_metric(vllm_server: Any, name: str) -> float:
+    """Sum of a vLLM metric's samples (all label sets) from its own /metrics."""
+    text = httpx.get(f"{vllm_server.base_url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+def _settled(vllm_server: Any, name: str, timeout: float = 15.0) -> float:
+    """The metric once two readings 0.5 s apart agree (the engine is idle)."""
+    deadline = time.monotonic() + timeout
+    last = _vllm_metric(vllm_server, name)
+    while True:
+        time.sleep(0.5)
+        now = _vllm_metric(vllm_server, name)
+        if now == last:
+            return now
+        assert time.monotonic() < deadline, f"{name} still moving"
+        last = now
+
+
+def _sse_events(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.split("\n\n") if line.startswith("data: {")]
+
+
+class TestStreams:
+    """Streaming behaviour through the module's gateway over real vLLM."""
+
+    def test_usage_is_stripped_unless_asked_for_and_still_billed(self, gateway) -> None:
+        """Without stream_options.include_usage the client sees no usage event, yet the
+        request is billed with vLLM's usage (the gateway always asks upstream)."""
+        cap = gateway.capture
+        labels = {"model": "tiny", "tenant": "demo", "type": "output"}
+        before = cap.value(semconv.TOKENS, **labels) or 0.0
+        body = {
+            "model": "tiny",
+            "max_tokens": 10,
+            "stream": True,
+            "messages": [{"role": "user", "content": "no usage please"}],
+        }
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            text = c.post("/v1/chat/completions", json=body).text
+        events = _sse_events(text)
+        assert events
+        assert text.endswith("data: [DONE]\n\n")
+        assert not any("usage" in e for e in events)
+        spans = _trace_of(cap, events[0]["id"])
+        inference = next(s for s in spans if s.name == "chat tiny")
+        output = inference.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
+        assert output > 0
+        assert cap.value(semconv.TOKENS, **labels) - before == output
+
+    def test_completions_endpoint_through_the_gateway(self, gateway) -> None:
+        """/v1/completions, plain and streamed: text, usage, a text_completion span."""
+        cap = gateway.capture
+        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8}
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            plain = c.post("/v1/completions", json=body)
+            streamed = c.post(
+                "/v1/completions",
+                json={**body, "stream": True, "stream_options": {"include_usage": True}},
+            ).text
+        assert plain.status_code == 200, plain.text
+        answer = plain.json()
+        assert answer["object"] == "text_completion"
+        assert isinstance(answer["choices"][0]["text"], str)
+        assert answer["usage"]["completion_tokens"] > 0
+        assert "metrics" not in answer
+        spans = _trace_of(cap, answer["id"])
+        inference = next(s for s in spans if s.kind is SpanKind.CLIENT)
+        assert inference.name == "text_completion tiny"
+        assert inference.attributes[semconv.GEN_AI_OPERATION_NAME] == "text_completion"
+        events = _sse_events(streamed)
+        assert streamed.endswith("data: [DONE]\n\n")
+        assert events[-1]["usage"]["completion_tokens"] > 0
+        assert "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+
+    def test_upstream_error_on_a_stream_answers_its_status(self, gateway) -> None:
+        """vLLM refusing a streamed request before any byte: the client gets the mapped
+        status and an OpenAI-style error body, and the inference stage is the rejecter."""
+        cap = gateway.capture
+        labels = {"stage": "inference", "model": "tiny", "code": "400"}
+        before = cap.value(semconv.REJECTIONS, **labels) or 0.0
+        body = {
+            "model": "tiny",
+            "max_tokens": 8,
+            "top_p": 5.0,  # the gateway's schema lets it through; vLLM refuses it
+            "stream": True,
+            "messages": [{"role": "user", "content": "x"}],
+        }
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        assert r.headers["content-type"].startswith("application/json")
+        error = r.json()["error"]
+        assert error["code"] == "upstream_rejected"
+        assert "top_p" in error["message"]
+        assert cap.value(semconv.REJECTIONS, **labels) - before == 1.0
+
+    def test_client_disconnect_aborts_the_generation_and_is_billed(
+        self, gateway, vllm_server
+    ) -> None:
+        """A client leaving mid-stream makes vLLM stop generating at once, and the request
+        is billed the tokens generated so far (no more than vLLM generated)."""
+        cap = gateway.capture
+        labels = {"model": "tiny", "tenant": "demo", "type": "output"}
+        generated_before = _settled(vllm_server, "vllm:generation_tokens_total")
+        billed_before = cap.value(semconv.TOKENS, **labels) or 0.0
+        body = {
+            "model": "tiny",
+            "max_tokens": 1500,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+            "messages": [{"role": "user", "content": "talk for a long time"}],
+        }
+        received = b""
+        with (
+            httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c,
+            c.stream("POST", "/v1/chat/completions", json=body) as r,
+        ):
+            for chunk in r.iter_raw():
+                received += chunk
+                if received.count(b"data: {") >= 5:
+                    break  # leaving the block closes the connection mid-stream
+        generated = _settled(vllm_server, "vllm:generation_tokens_total") - generated_before
+        assert 0 < generated < 1000, generated  # aborted long before max_tokens
+        assert _vllm_metric(vllm_server, "vllm:num_requests_running") == 0
+        deadline = time.monotonic() + 5
+        while (cap.value(semconv.TOKENS, **labels) or 0.0) == billed_before:
+            assert time.monotonic() < deadline, "the disconnected request was not billed"
+            time.sleep(0.05)
+        billed = cap.value(semconv.TOKENS, **labels) - billed_before
+        assert 0 < billed <= generated, (billed, generated)
+
+
+class TestTenantsAndAdmission:
+    """Two tenants' keys and one admission slot (the ``tight_gateway``)."""
+
+    def test_usage_endpoint_returns_only_the_callers_usage(self, tight_gateway) -> None:
+        """GET /v1/usage answers each key with its own tenant's ledger only."""
+        gw = tight_gateway
+        body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "u"}]}
+        answers: dict[str, list[dict[str, Any]]] = {"acme": [], "globex": []}
+        with httpx.Client(base_url=gw.url, timeout=120) as c:
+            for key, tenant, n in (("sk-good", "acme", 2), ("sk-other", "globex", 1)):
+                h = {"authorization": f"Bearer {key}"}
+                before = c.get("/v1/usage", headers=h).json()
+                for _ in range(n):
+                    r = c.post("/v1/chat/completions", json=body, headers=h)
+                    assert r.status_code == 200, r.text
+                    answers[tenant].append(r.json()["usage"])
+                after = c.get("/v1/usage", headers=h).json()
+                assert after["tenant"] == tenant
+                assert after["requests"] - before["requests"] == n
+                assert after["output_tokens"] - before["output_tokens"] == sum(
+                    u["completion_tokens"] for u in answers[tenant]
+                )
+            acme = c.get("/v1/usage", headers={"authorization": "Bearer sk-good"}).json()
+            globex = c.get("/v1/usage", headers={"authorization": "Bearer sk-other"}).json()
+            assert acme["tenant"] == "acme"
+            assert globex["tenant"] == "globex"
+            assert acme["requests"] != globex["requests"]
+            assert c.get("/v1/usage").status_code == 401
+
+    def test_overlapping_requests_get_admission_503(self, tight_gateway) -> None:
+        """With one slot and a 0.2 s wait, of four overlapping long requests one is served
+        and those queued behind it answer 503 admission_timeout (router)."""
+        gw = tight_gateway
+        cap = gw.capture
+        labels = {"stage": "router", "model": "tiny", "code": "503"}
+        before = cap.value(semconv.REJECTIONS, **labels) or 0.0
+        body = {
+            "model": "tiny",
+            "max_tokens": 1900,  # holds the slot far longer than the 0.2 s admission wait
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": "long"}],
+        }
+
+        async def overlapping() -> list[httpx.Response]:
+            h = {"authorization": "Bearer sk-good"}
+            async with httpx.AsyncClient(base_url=gw.url, headers=h, timeout=120) as c:
+                return list(
+                    await asyncio.gather(
+                        *(c.post("/v1/chat/completions", json=body) for _ in range(4))
+                    )
+                )
+
+        answers = asyncio.run(overlapping())
+        statuses = sorted(r.status_code for r in answers)
+        # the first is served; those arriving while it holds the slot wait 0.2 s, then 503
+        # (how many arrive in time depends on the machine, at least one always does)
+        assert statuses[0] == 200, statuses
+        assert statuses[-1] == 503, statuses
+        assert set(statuses) == {200, 503}, statuses
+        refused = [r for r in answers if r.status_code == 503]
+        assert all(r.json()["error"]["code"] == "admission_timeout" for r in refused)
+        assert cap.value(semconv.REJECTIONS, **labels) - before == len(refused)
+
+
+class TestDemo:
+    """``stagelens demo`` stops everything promptly on SIGINT/SIGTERM, at any phase."""
+
+    @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+    def test_signal_during_vllm_startup_stops_everything(
+        self, signum, tiny_model, port_factory, tmp_path
+    ) -> None:
+        """A signal while vLLM is still starting: the demo exits within seconds and leaves
+        no vLLM process behind."""
+        import psutil
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "stagelens.cli",
+            "demo",
+            "--model",
+            str(tiny_model),
+            "--port",
+            str(port_factory()),
+            "--vllm-port",
+            str(port_factory()),
+            "--no-traffic",
+        ]
+        env = {**os.environ, "STAGELENS_LOG_DIR": str(tmp_path), "OTEL_TRACES_EXPORTER": "none"}
+        demo = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        try:
+            deadline = time.monotonic() + 60
+            children: list[Any] = []
+            while not children:  # vLLM has been started, and is far from ready
+                assert demo.poll() is None, demo.stdout.read() if demo.stdout else ""
+                assert time.monotonic() < deadline, "vLLM was never started"
+                children = psutil.Process(demo.pid).children(recursive=True)
+                time.sleep(0.1)
+            time.sleep(2.0)  # let it get going (imports, engine process)
+            family = [demo, *psutil.Process(demo.pid).children(recursive=True)]
+            t0 = time.monotonic()
+            demo.send_signal(signum)
+            demo.wait(timeout=40)
+            took = time.monotonic() - t0
+        finally:
+            if demo.poll() is None:
+                demo.kill()
+                demo.wait()
+        assert took < 30, took
+        _, alive = psutil.wait_procs(
+            [p for p in family if not isinstance(p, subprocess.Popen)], timeout=5
+        )
+        assert not alive, alive

@@ -1,0 +1,185 @@
+"""The reference gateway (``stagelens.reference``) over the local vLLM-like upstream: the
+gateway's own bookkeeping (outstanding counts, error attribution, model labels, prices,
+billing of cut streams) checked fast and deterministically; real vLLM runs in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.trace import StatusCode
+from stagelens.instrumentation.httpx import ATTR_STREAM_CLOSED_EARLY
+from stagelens.reference import GatewayConfig, create_app
+
+from stagelens import semconv as sc
+from stagelens.pricing import PriceTable, Usage
+from stagelens.testing import TelemetryCapture
+
+pytestmark = pytest.mark.anyio
+
+KEY = "sk-unit"
+HEADERS = {"authorization": f"Bearer {KEY}"}
+
+
+def _config(backends: list[str], tokenizer: Path, **over: Any) -> GatewayConfig:
+    pool = {"backends": backends, "tokenizer": str(tokenizer), **over.pop("pool", {})}
+    models = {
+        "tiny": pool,
+        "dead": {"backends": ["http://127.0.0.1:9"], "tokenizer": str(tokenizer)},
+    }
+    data = {"api_keys": {KEY: "unit"}, "models": models, "balancing": "least_outstanding", **over}
+    return GatewayConfig.model_validate(data)
+
+
+@pytest.fixture
+def gateway(cap: TelemetryCapture, upstream: Any, tiny_model: Path) -> Callable[..., Any]:
+    """``async with gateway(**config_overrides) as (app, client)``: the reference gateway
+    in-process (no lifespan, so no health checks: every backend starts healthy)."""
+
+    @asynccontextmanager
+    async def factory(
+        backends: list[str] | None = None, **over: Any
+    ) -> AsyncIterator[tuple[Any, httpx.AsyncClient]]:
+        config = _config(backends or [upstream.state.url], tiny_model, **over)
+        app = create_app(config, telemetry=cap.telemetry)
+        client = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gw", headers=HEADERS
+        )
+        try:
+            yield app, client
+        finally:
+            await client.aclose()
+            await app.state.gateway.client.aclose()
+
+    return factory
+
+
+def _chat(**extra: Any) -> dict[str, Any]:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], **extra}
+
+
+def _root(cap: TelemetryCapture) -> Any:
+    roots = [s for s in cap.spans() if s.parent is None]
+    assert len(roots) == 1
+    return roots[0]
+
+
+class TestStreamedInference:
+    """A normal streamed request through the gateway."""
+
+    async def test_inference_span_of_a_complete_stream_is_not_an_error(self, cap, gateway) -> None:
+        """The relay stops at [DONE]; the inference span stays UNSET with no error.type."""
+        async with gateway() as (_, client):
+            r = await client.post("/v1/chat/completions", json=_chat(stream=True))
+        assert r.status_code == 200
+        assert r.text.endswith("data: [DONE]\n\n")
+        inference = next(s for s in cap.spans() if s.name == "chat tiny")
+        assert inference.status.status_code is StatusCode.UNSET
+        assert sc.ERROR_TYPE not in inference.attributes
+        assert ATTR_STREAM_CLOSED_EARLY not in inference.attributes
+
+
+class TestLoadBalancer:
+    """Least-outstanding sees requests from the moment they are assigned."""
+
+    async def test_a_request_waiting_for_admission_counts_as_outstanding(
+        self, gateway, upstream
+    ) -> None:
+        """With one admission slot, a queued request already counts on its backend."""
+        url = upstream.state.url
+        # two Backend objects (the keys differ) for the same local server
+        async with gateway([url, url + "/"], pool={"max_inflight": 1}) as (app, client):
+            backends = app.state.gateway.router.pools["tiny"].balancer.backends
+            slow = asyncio.create_task(
+                client.post(
+                    "/v1/chat/completions", json=_chat(stream=True, x_chunks=20, x_delay=0.02)
+                )
+            )
+            while sum(b.outstanding for b in backends) < 1:
+                await asyncio.sleep(0.005)
+            queued = asyncio.create_task(client.post("/v1/chat/completions", json=_chat()))
+            await asyncio.sleep(0.1)
+            assert not queued.done()  # waiting for admission behind the slow one
+            assert sorted(b.outstanding for b in backends) == [1, 1]
+            answers = await asyncio.gather(slow, queued)
+        assert [a.status_code for a in answers] == [200, 200]
+        assert [b.outstanding for b in backends] == [0, 0]
+
+
+class TestErrorAttribution:
+    """Errors answered outside a stage block still name the stage that failed."""
+
+    async def test_backend_unavailable_is_rejected_by_the_load_balancer(self, cap, gateway) -> None:
+        """Connection refused on the only backend: 503 backend_unavailable, load_balancer."""
+        async with gateway() as (app, client):
+            r = await client.post("/v1/chat/completions", json={**_chat(), "model": "dead"})
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "backend_unavailable"
+        assert _root(cap).attributes[sc.ATTR_REJECTED_BY] == "load_balancer"
+        labels = {"stage": "load_balancer", "model": "dead", "code": "503"}
+        assert cap.value(sc.REJECTIONS, **labels) == 1.0
+        assert [b.outstanding for b in app.state.gateway.backends] == [0, 0]
+
+    async def test_unknown_model_keeps_the_default_model_label(self, cap, gateway) -> None:
+        """A model name the router does not serve creates no series of its own."""
+        async with gateway() as (_, client):
+            r = await client.post("/v1/chat/completions", json={**_chat(), "model": "nope-123"})
+        assert r.status_code == 404
+        default = cap.telemetry.settings.default_model
+        assert cap.value(sc.REQUESTS, model=default, code="404") == 1.0
+        assert cap.value(sc.REQUESTS, model="nope-123", code="404") is None
+        assert sc.GEN_AI_REQUEST_MODEL not in _root(cap).attributes
+
+
+class TestBilling:
+    """Prices from the gateway config; real token counts for streams cut short."""
+
+    async def test_config_price_table_prices_the_request(self, cap, gateway, tmp_path) -> None:
+        """``price_table`` in the config wins over the telemetry's default prices."""
+        prices = tmp_path / "prices.yaml"
+        prices.write_text("models:\n  tiny: {input: 100.0, output: 300.0, cached_input: 10.0}\n")
+        async with gateway(price_table=str(prices)) as (_, client):
+            r = await client.post("/v1/chat/completions", json=_chat())
+        usage = r.json()["usage"]
+        expected = PriceTable.load(prices).cost(
+            "tiny",
+            Usage(
+                usage["prompt_tokens"],
+                usage["completion_tokens"],
+                usage["prompt_tokens_details"]["cached_tokens"],
+            ),
+        )
+        assert expected != PriceTable.default().cost("tiny", Usage(300, 16, 256))
+        assert cap.value(sc.COST_USD, model="tiny", tenant="unit") == pytest.approx(expected)
+
+    async def test_stream_cut_by_a_stop_sequence_bills_generated_tokens(
+        self, cap, gateway, tiny_model
+    ) -> None:
+        """A stop sequence ends the stream early: output billed as the generated text's
+        tokens, cached input 0 (unknown); the inference span records the cut, no error."""
+        from transformers import AutoTokenizer
+
+        async with gateway() as (_, client):
+            r = await client.post(
+                "/v1/chat/completions", json=_chat(stream=True, stop="t3", x_chunks=12)
+            )
+        events = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+        assert [e["choices"][0]["finish_reason"] for e in events][-1] == "stop"
+        assert len(events) == 4  # t0, t1, t2 and the cut "t3" chunk
+        tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+        expected = len(tokenizer("t0 t1 t2 t3 ", add_special_tokens=False)["input_ids"])
+        assert expected != len(events)  # the count is of tokens, not of chunks
+        labels = {"model": "tiny", "tenant": "unit"}
+        assert cap.value(sc.TOKENS, type="output", **labels) == expected
+        assert cap.value(sc.TOKENS, type="cached_input", **labels) == 0
+        assert cap.value(sc.TOKENS, type="input", **labels) > 0
+        inference = next(s for s in cap.spans() if s.name == "chat tiny")
+        assert inference.attributes[ATTR_STREAM_CLOSED_EARLY] is True
+        assert inference.status.status_code is StatusCode.UNSET
