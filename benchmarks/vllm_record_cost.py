@@ -2,13 +2,18 @@
 
 record() runs on vLLM's output-handling event loop, so it must stay O(1) and cheap. This
 prints the median cost per call over several batches for: a scheduler step only, a step
-with one finished request, and a step with 8 finished requests (a busy batch).
+with one finished request, and a step with 8 finished requests (a busy batch), first with
+the Prometheus series only (the default), then with the OTel metrics path on as well
+(the real OTLP pipeline, STAGELENS_VLLM_OTLP_METRICS=1; its export interval is set beyond
+the run, so this measures recording, which is all record() does: export runs in the
+SDK's reader thread).
 
     .venv/bin/python benchmarks/vllm_record_cost.py
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -41,26 +46,56 @@ def _finished(i: int) -> FinishedRequestStats:
     )
 
 
-def _per_call(logger: StageLensStatLogger, sched: SchedulerStats, it: IterationStats) -> float:
-    n = 20_000
-    best = []
+def _per_call(
+    logger: StageLensStatLogger, sched: SchedulerStats, it: IterationStats
+) -> tuple[float, float]:
+    """Median seconds per record() call, and (OTel path) the drain thread's seconds per
+    queued step. Calls run in chunks of 200 steps (about what queues up between two drains
+    on a busy server: 0.5 s of steps), the drain held off while record() is timed, so the
+    first figure is what vLLM's event loop pays and the second the extra CPU the process
+    spends in the drain thread."""
+    chunk, chunks = 200, 100
+    otel = logger._otel
+    on_loop, off_loop = [], []
     for _ in range(7):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            logger.record(sched, it)
-        best.append((time.perf_counter() - t0) / n)
-    return statistics.median(best)
+        loop_s = drain_s = 0.0
+        for _ in range(chunks):
+            if otel is None:
+                t0 = time.perf_counter()
+                for _ in range(chunk):
+                    logger.record(sched, it)
+                loop_s += time.perf_counter() - t0
+                continue
+            with otel.m._drain_lock:  # park the drain thread
+                t0 = time.perf_counter()
+                for _ in range(chunk):
+                    logger.record(sched, it)
+                loop_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            otel.m.drain()
+            drain_s += time.perf_counter() - t0
+        on_loop.append(loop_s / (chunk * chunks))
+        off_loop.append(drain_s / (chunk * chunks))
+    return statistics.median(on_loop), statistics.median(off_loop)
 
 
 def main() -> None:
-    logger = StageLensStatLogger(_Config(), 0, registry=CollectorRegistry())
+    os.environ.pop("OTEL_METRICS_EXPORTER", None)
+    os.environ["STAGELENS_VLLM_OTLP_METRICS"] = "0"
+    prometheus_only = StageLensStatLogger(_Config(), 0, registry=CollectorRegistry())
+    os.environ["STAGELENS_VLLM_OTLP_METRICS"] = "1"
+    os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "3600000"
+    os.environ["OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"] = "1"
+    with_otel = StageLensStatLogger(_Config(), 0, registry=CollectorRegistry())
+    assert with_otel._otel is not None
+    assert prometheus_only._otel is None
     sched = SchedulerStats(
         num_running_reqs=8,
         num_waiting_reqs=2,
         kv_cache_usage=0.4,
         prefix_cache_stats=PrefixCacheStats(requests=1, queries=600, hits=512),
     )
-    print(f"{'case':34s} {'us/call':>8s}")
+    print(f"{'us per call':34s} {'prometheus':>11s} {'+otel loop':>11s} {'otel thread':>12s}")
     for label, finished in (
         ("scheduler step, no finished", 0),
         ("1 finished request", 1),
@@ -68,7 +103,9 @@ def main() -> None:
     ):
         it = IterationStats()
         it.finished_requests = [_finished(i) for i in range(finished)]
-        print(f"{label:34s} {_per_call(logger, sched, it) * 1e6:8.2f}")
+        prom, _ = _per_call(prometheus_only, sched, it)
+        loop, thread = _per_call(with_otel, sched, it)
+        print(f"{label:34s} {prom * 1e6:11.2f} {loop * 1e6:11.2f} {thread * 1e6:12.2f}")
 
 
 if __name__ == "__main__":

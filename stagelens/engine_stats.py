@@ -53,9 +53,15 @@ class SchedulerSample:
 class FinishedRequest:
     """A finished request's engine phases (seconds) and ids.
 
-    ``queue`` runs from the request's arrival at the engine's front end to its first
-    scheduling (vLLM's ``queued_time`` plus the front end's own work), ``prefill`` from
-    then to the first token, ``decode`` from the first to the last token.
+    The three engine phases are vLLM's own, on the engine core's clock, and are the same
+    figures vLLM serves per response (``queue_time_ms``, ``time_to_first_token_ms``,
+    ``generation_time_ms``) and in ``vllm:request_{queue,prefill,decode}_time_seconds``:
+    ``queue`` from the engine core queueing the request to its first scheduling,
+    ``prefill`` from then to the first token, ``decode`` from the first to the last token.
+    ``frontend`` is what vLLM's e2e latency (API-server clock, arrival to the output that
+    finished the request) holds beyond those three: prompt rendering and tokenisation,
+    the hand-over to the engine core and the last output's way back. ``None`` when the
+    stats carry no e2e latency.
     """
 
     request_id: str | None
@@ -63,6 +69,7 @@ class FinishedRequest:
     prefill: float
     decode: float
     e2e: float
+    frontend: float | None
     prompt_tokens: int
     generation_tokens: int
     cached_tokens: int
@@ -95,20 +102,20 @@ def read_iteration(stats: Any) -> IterationSample:
     )
     for finished in _read(stats, "finished_requests", (), "IterationStats"):
         where = "FinishedRequestStats"
-        queued = max(float(_read(finished, "queued_time", 0.0, where)), 0.0)
+        queue = max(float(_read(finished, "queued_time", 0.0, where)), 0.0)
         prefill = max(float(_read(finished, "prefill_time", 0.0, where)), 0.0)
         decode = max(float(_read(finished, "decode_time", 0.0, where)), 0.0)
         e2e = float(_read(finished, "e2e_latency", 0.0, where))
         sample.finished.append(
             FinishedRequest(
                 request_id=_read(finished, "request_id", None, where),
-                # queue = arrival -> first scheduled: vLLM's queued_time plus the frontend
-                # work before it (tokenisation, IPC), so queue + prefill + decode covers
-                # vLLM's e2e latency. Falls back to queued_time without an e2e figure.
-                queue=max(e2e - prefill - decode, queued) if e2e > 0 else queued,
+                queue=queue,
                 prefill=prefill,
                 decode=decode,
                 e2e=e2e,
+                # The two clocks differ (wall vs monotonic), so a step of the wall clock can
+                # make the difference slightly negative: clamp rather than record < 0.
+                frontend=max(e2e - queue - prefill - decode, 0.0) if e2e > 0 else None,
                 prompt_tokens=int(_read(finished, "num_prompt_tokens", 0, where)),
                 generation_tokens=int(_read(finished, "num_generation_tokens", 0, where)),
                 cached_tokens=int(_read(finished, "num_cached_tokens", 0, where)),

@@ -312,3 +312,50 @@ DCGM_FB_USED: Final = "DCGM_FI_DEV_FB_USED"
 """DCGM: framebuffer used, MiB."""
 DCGM_POWER: Final = "DCGM_FI_DEV_POWER_USAGE"
 """DCGM: board power, watts."""
+
+# --------------------------------------------------------------------------------------
+# vLLM plugin: engine phase beyond the contract's three, error components, OTel metrics
+# --------------------------------------------------------------------------------------
+PHASE_FRONTEND: Final = "frontend"
+"""``phase`` label value, vLLM plugin only: the API server's share of vLLM's e2e latency
+(rendering and tokenising the prompt, handing it to the engine core, receiving the last
+output back), i.e. ``e2e_latency - queue - prefill - decode``. With it the four phases sum
+to ``vllm:e2e_request_latency_seconds``; the gateway, which only sees the response timings,
+never emits it."""
+COMPONENT_VLLM_PLUGIN: Final = "vllm_plugin"
+"""``component`` label value: ``StageLensStatLogger.record()`` failed (the engine went on)."""
+COMPONENT_VLLM_OTLP_METRICS: Final = "vllm_otlp_metrics"
+"""``component`` label value: an OTLP export of the plugin's metrics failed (collector down)."""
+COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
+"""``component`` label value: the NVML collector could not be imported or registered."""
+
+UNIT_SECONDS: Final = "s"
+"""UCUM unit of durations; OTel->Prometheus adds ``_seconds``."""
+UNIT_RATIO: Final = "1"
+"""UCUM unit of 0-1 values; adds no suffix in the Python Prometheus exporter (the collector
+adds ``_ratio``), so ratio instruments carry ``_ratio`` in their name and both agree."""
+UNIT_TOKEN: Final = "{token}"
+"""Annotation-only unit (dropped by the OTel->Prometheus translation): counted tokens."""
+UNIT_REQUEST: Final = "{request}"
+"""Annotation-only unit: counted requests."""
+UNIT_PREEMPTION: Final = "{preemption}"
+"""Annotation-only unit: counted preemptions."""
+
+# OpenTelemetry instrument names of the vLLM plugin's metrics (exported over OTLP when
+# STAGELENS_VLLM_OTLP_METRICS=1 or OTEL_METRICS_EXPORTER=otlp). Each translates, by the
+# OTel->Prometheus rules (``.`` -> ``_``, unit suffix, ``_total`` on monotonic sums), to the
+# Prometheus name the plugin serves on vLLM's /metrics; tests assert the translation.
+OTEL_KV_CACHE_QUERIES: Final = "stagelens.kv_cache.queries"
+"""Counter, ``{token}`` {backend, model} -> ``stagelens_kv_cache_queries_total``."""
+OTEL_KV_CACHE_HITS: Final = "stagelens.kv_cache.hits"
+"""Counter, ``{token}`` {backend, model} -> ``stagelens_kv_cache_hits_total``."""
+OTEL_KV_CACHE_USAGE: Final = "stagelens.kv_cache.usage_ratio"
+"""Gauge, ``1`` {backend, model} -> ``stagelens_kv_cache_usage_ratio``."""
+OTEL_ENGINE_REQUESTS_RUNNING: Final = "stagelens.engine.requests.running"
+"""Gauge, ``{request}`` {backend, model} -> ``stagelens_engine_requests_running``."""
+OTEL_ENGINE_REQUESTS_WAITING: Final = "stagelens.engine.requests.waiting"
+"""Gauge, ``{request}`` {backend, model} -> ``stagelens_engine_requests_waiting``."""
+OTEL_ENGINE_PREEMPTIONS: Final = "stagelens.engine.preemptions"
+"""Counter, ``{preemption}`` {backend, model} -> ``stagelens_engine_preemptions_total``."""
+OTEL_ENGINE_PHASE_DURATION: Final = "stagelens.engine.phase.duration"
+"""Histogram, ``s`` {phase, model} -> ``stagelens_engine_phase_duration_seconds``."""
