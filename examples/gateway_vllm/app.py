@@ -251,8 +251,12 @@ async def _complete(gateway: Gateway, request: Request, *, chat: bool) -> Respon
         body = req.model_dump(exclude_none=True)
         body["model"] = pool.upstream_model
         wants_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
+        wants_token_ids = bool(body.get("return_token_ids"))
         if req.stream:
             body["stream_options"] = {"include_usage": True}
+            # vLLM then lists each event's token ids: a stream cut before the usage event
+            # is billed the exact count received, not an estimate.
+            body["return_token_ids"] = True
         path = "/v1/chat/completions" if chat else "/v1/completions"
         upstream = await _send(gateway, pool, lease, prefix, path, body, req.stream)
         if upstream.status_code >= 400:
@@ -260,7 +264,16 @@ async def _complete(gateway: Gateway, request: Request, *, chat: bool) -> Respon
         if not req.stream:
             return await _finish_json(gateway, upstream, req, tenant, prompt_tokens, chat)
         response = _RelayResponse(
-            _relay(gateway, upstream, req, tenant, prompt_tokens, wants_usage, chat, lease),
+            _relay(
+                gateway,
+                upstream,
+                req,
+                tenant,
+                prompt_tokens,
+                _Strip(usage=not wants_usage, token_ids=not wants_token_ids),
+                chat,
+                lease,
+            ),
             media_type="text/event-stream",
         )
         handed_over = True  # the relay releases the lease when the stream ends
@@ -413,6 +426,34 @@ def _event(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+@dataclass(frozen=True)
+class _Strip:
+    """What the gateway asked vLLM for on its own account and removes from the client's
+    stream unless the client asked too: the usage event and the per-event token ids."""
+
+    usage: bool
+    token_ids: bool
+
+
+class _Counted:
+    """Tokens seen in the relayed stream, from vLLM's ``return_token_ids`` lists."""
+
+    def __init__(self) -> None:
+        self.prompt: int | None = None  # from ``prompt_token_ids`` (first event)
+        self.output = 0
+        self.exact = False  # some event carried token ids: ``output`` is exact
+
+    def take(self, holder: dict[str, Any], strip: bool) -> None:
+        """Count ``holder``'s token id lists, removing them when ``strip``."""
+        prompt = holder.pop("prompt_token_ids", None) if strip else holder.get("prompt_token_ids")
+        if isinstance(prompt, list):
+            self.prompt = len(prompt)
+        ids = holder.pop("token_ids", None) if strip else holder.get("token_ids")
+        if isinstance(ids, list):
+            self.output += len(ids)
+            self.exact = True
+
+
 class _RelayResponse(StreamingResponse):
     """A StreamingResponse that always closes its relay itself, in the request's context.
 
@@ -438,7 +479,7 @@ async def _relay(
     req: Any,
     tenant: str,
     prompt_tokens: int,
-    wants_usage: bool,
+    strip: _Strip,
     chat: bool,
     lease: _Lease,
 ) -> AsyncIterator[bytes]:
@@ -449,6 +490,7 @@ async def _relay(
     generation; billing always runs with what was generated."""
     text = ""  # what the client was sent
     pieces: list[str] = []  # every content piece the engine produced
+    counted = _Counted()  # tokens received, for a stream cut before the usage event
     usage: dict[str, Any] | None = None
     upstream_done = False  # [DONE] seen: read on to the end so the connection is reused
     cut = False  # the gateway ended the stream (stop sequence, safety check)
@@ -470,12 +512,14 @@ async def _relay(
                     event = json.loads(data)
                     if event.get("usage") is not None and not event.get("choices"):
                         usage = event["usage"]
-                        if wants_usage:
+                        if not strip.usage:
                             event.pop("metrics", None)
                             yield _event(event)
                         continue
                     event.pop("usage", None)
+                    counted.take(event, strip.token_ids)
                     for choice in event.get("choices", []):
+                        counted.take(choice, strip.token_ids)
                         delta = choice.get("delta", {}) if chat else choice
                         piece = delta.get("content") if chat else delta.get("text")
                         if piece:
@@ -536,11 +580,17 @@ async def _relay(
                 int(details.get("cached_tokens") or 0),
             )
         else:
-            # Cut short before the engine's usage: bill the prompt as counted by the
-            # tokenizer stage and the generated text re-tokenized with the same tokenizer.
-            # Cached prompt tokens are unknown without the engine's usage and billed as 0
-            # (full input price), which can only overcharge by the cache discount.
-            counter = gateway.tokenizer_for(req.model)
-            generated = "".join(pieces)
-            output = counter.count_generated(generated) if counter and generated else 0
-            gateway.bill(tenant, prompt_tokens, output, 0)
+            # Cut short before the engine's usage: bill the token ids vLLM listed in the
+            # events received (exact); an engine without ``return_token_ids`` falls back
+            # to the tokenizer stage's prompt count and the generated text re-tokenized,
+            # which can differ by a few tokens. Cached prompt tokens are unknown without
+            # the engine's usage and billed as 0 (full input price), which can only
+            # overcharge by the cache discount.
+            if counted.exact:
+                output = counted.output
+            else:
+                counter = gateway.tokenizer_for(req.model)
+                generated = "".join(pieces)
+                output = counter.count_generated(generated) if counter and generated else 0
+            prompt = counted.prompt if counted.prompt is not None else prompt_tokens
+            gateway.bill(tenant, prompt, output, 0)

@@ -477,11 +477,32 @@ class TestStreams:
         assert events
         assert text.endswith("data: [DONE]\n\n")
         assert not any("usage" in e for e in events)
+        # The token ids the gateway asks vLLM for (to bill cut streams exactly) are removed.
+        assert not any("prompt_token_ids" in e for e in events)
+        assert not any("token_ids" in ch for e in events for ch in e.get("choices", []))
         spans = _trace_of(cap, events[0]["id"])
         inference = next(s for s in spans if s.name == "chat tiny")
         output = inference.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
         assert output > 0
         assert cap.value(semconv.TOKENS, **labels) - before == output
+
+    def test_token_ids_pass_through_when_the_client_asks(self, gateway) -> None:
+        """A client asking for ``return_token_ids`` gets vLLM's ids, one per output token."""
+        body = {
+            "model": "tiny",
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "ids please"}],
+        }
+        with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            events = _sse_events(c.post("/v1/chat/completions", json=body).text)
+        usage = events[-1]["usage"]
+        ids = [i for e in events for ch in e.get("choices", []) for i in ch.get("token_ids") or []]
+        assert len(ids) == usage["completion_tokens"] == 12
+        assert len(events[0]["prompt_token_ids"]) == usage["prompt_tokens"]
 
     def test_completions_endpoint_through_the_gateway(self, gateway) -> None:
         """/v1/completions, plain and streamed: text, usage, a text_completion span."""
@@ -565,6 +586,15 @@ class TestStreams:
             time.sleep(0.05)
         billed = cap.value(semconv.TOKENS, **labels) - billed_before
         assert 0 < billed <= generated, (billed, generated)
+        # Billed exactly what the gateway received (the ids vLLM listed), at least what
+        # the client was sent: one token per content event in this stream.
+        client_tokens = sum(
+            1
+            for e in _sse_events(received.rsplit(b"\n\n", 1)[0].decode() + "\n\n")
+            for ch in e.get("choices", [])
+            if ch.get("delta", {}).get("content")
+        )
+        assert billed >= client_tokens, (billed, client_tokens)
 
 
 class TestTenantsAndAdmission:
