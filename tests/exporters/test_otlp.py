@@ -166,3 +166,29 @@ class TestServiceName:
         assert provider.resource.attributes["service.name"] == expected
         if "OTEL_RESOURCE_ATTRIBUTES" in env:
             assert provider.resource.attributes["team"] == "x"
+
+
+def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog) -> None:
+    """The OTLP exporter configure() builds logs each kind of failure once, not per batch."""
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from stagelens.exporters.otlp import _otlp_exporter
+
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port_factory()}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    provider = TracerProvider()
+    memory = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("test").start_as_current_span("one"):
+        pass
+    exporter = _otlp_exporter()
+    with caplog.at_level(logging.WARNING, logger="opentelemetry"):
+        for _ in range(3):
+            exporter.export(memory.get_finished_spans())
+    exporter.shutdown()
+    templates = [r.msg for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
+    assert templates  # the failure is logged ...
+    assert len(templates) == len(set(templates))  # ... once per kind, not once per batch
