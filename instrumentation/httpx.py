@@ -56,11 +56,6 @@ _FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
 _FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 _DONE: Final = b"[DONE]"
 
-ATTR_STREAM_CLOSED_EARLY: Final = "stagelens.upstream.closed_early"
-"""On the inference span: True when the caller closed the stream before its last event
-(client gone, stop sequence or safety cut by the gateway). Not an error: the engine did
-nothing wrong. (Belongs in stagelens.semconv; kept here until it moves.)"""
-
 
 def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes]) -> bool:
     """``pattern`` in ``payload``, answered by substring checks whenever possible."""
@@ -254,7 +249,7 @@ class _UpstreamCall:
             self.finish()
             return
         if self.span.is_recording():
-            self.span.set_attribute(ATTR_STREAM_CLOSED_EARLY, True)
+            self.span.set_attribute(sc.ATTR_STREAM_CLOSED_EARLY, True)
         self._ended = True
         state = self.state
         self.finish(ClientDisconnected() if state is not None and state.disconnected else None)

@@ -675,7 +675,9 @@ class _SpanBuilder:
         from stagelens.exporters import configure
 
         try:
-            telemetry = configure(set_global=False)
+            # gpu=False: vLLM installs nvidia-ml-py, and the NVML collector is opt-in here
+            # (STAGELENS_GPU_COLLECTOR=1), registered by the plugin itself.
+            telemetry = configure(set_global=False, gpu=False)
             self._tracer = telemetry.tracer
         except Exception as exc:
             logger.warning("stagelens vLLM plugin: tracing unavailable (%r)", exc)

@@ -37,10 +37,12 @@ ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
 """On the inference span: the request id the vLLM server used (links the engine side)."""
 ATTR_REQUEST_ID: Final = "stagelens.request_id"
 """The ``X-Request-Id`` stagelens propagated upstream."""
-ATTR_BACKEND: Final = "stagelens.backend"
-"""The backend (``host:port``) the load balancer chose."""
 ATTR_CLIENT_DISCONNECTED: Final = "stagelens.client_disconnected"
 """True when the client went away before the last byte was sent."""
+ATTR_STREAM_CLOSED_EARLY: Final = "stagelens.upstream.closed_early"
+"""On the inference span: True when the upstream stream was closed before its last event,
+either cut by the gateway (stop sequence, safety check: not an error) or because the client
+went away (the span then also records the error)."""
 
 # GenAI semantic conventions (v1.41 names).
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
@@ -246,7 +248,8 @@ LABEL_TENANT: Final = "tenant"
 LABEL_TYPE: Final = "type"
 """Token type: input, output, cached_input."""
 LABEL_PHASE: Final = "phase"
-"""Engine phase: queue, prefill, decode."""
+"""Engine phase: queue, prefill, decode (contract); the vLLM plugin adds ``frontend``
+(``PHASE_FRONTEND``): filter ``phase!="frontend"`` to compare engine phases alone."""
 LABEL_WINDOW: Final = "window"
 """Budget window, e.g. ``1d``."""
 LABEL_BACKEND: Final = "backend"

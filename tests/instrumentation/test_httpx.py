@@ -19,7 +19,6 @@ import httpx
 import pytest
 import uvicorn
 from opentelemetry.trace import StatusCode
-from stagelens.instrumentation.httpx import ATTR_STREAM_CLOSED_EARLY
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -152,7 +151,7 @@ class TestStreamEndings:
         assert seen.endswith(b"data: [DONE]\n\n")
         assert span.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in span.attributes
-        assert ATTR_STREAM_CLOSED_EARLY not in span.attributes
+        assert sc.ATTR_STREAM_CLOSED_EARLY not in span.attributes
 
     async def test_closed_after_the_usage_chunk_is_a_success(self, cap, spaced_url) -> None:
         """Closing after the usage chunk, before a late ``[DONE]``, is a normal end."""
@@ -166,7 +165,7 @@ class TestStreamEndings:
         """A deliberate cut mid-content (stop sequence, safety) is ``closed_early``, no error."""
         seen, span = await _stream(cap, spaced_url, stop_when=b"w2 ", x_chunks=40)
         assert b"w39" not in seen
-        assert span.attributes[ATTR_STREAM_CLOSED_EARLY] is True
+        assert span.attributes[sc.ATTR_STREAM_CLOSED_EARLY] is True
         assert span.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in span.attributes
 

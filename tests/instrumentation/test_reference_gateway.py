@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 from opentelemetry.trace import StatusCode
-from stagelens.instrumentation.httpx import ATTR_STREAM_CLOSED_EARLY
 from stagelens.reference import GatewayConfig, create_app
 
 from stagelens import semconv as sc
@@ -83,7 +82,7 @@ class TestStreamedInference:
         inference = next(s for s in cap.spans() if s.name == "chat tiny")
         assert inference.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in inference.attributes
-        assert ATTR_STREAM_CLOSED_EARLY not in inference.attributes
+        assert sc.ATTR_STREAM_CLOSED_EARLY not in inference.attributes
 
 
 class TestLoadBalancer:
@@ -181,5 +180,5 @@ class TestBilling:
         assert cap.value(sc.TOKENS, type="cached_input", **labels) == 0
         assert cap.value(sc.TOKENS, type="input", **labels) > 0
         inference = next(s for s in cap.spans() if s.name == "chat tiny")
-        assert inference.attributes[ATTR_STREAM_CLOSED_EARLY] is True
+        assert inference.attributes[sc.ATTR_STREAM_CLOSED_EARLY] is True
         assert inference.status.status_code is StatusCode.UNSET
