@@ -5,6 +5,9 @@ Variants (each its own uvicorn process, one worker, same proxy code):
   stagelens  instrument_app + instrument_httpx_client + 3 stage() blocks; every stage span
              and metric on, 100 % sampling, spans exported over OTLP/HTTP to a local sink
   metrics    stagelens with tracing sampled out (OTEL_TRACES_SAMPLER=always_off)
+  sdk        stagelens as ``stagelens`` but on the OTel SDK's TracerProvider (spans built on
+             the request path, BatchSpanProcessor, SDK OTLP encoding): what the deferred
+             tracer that configure() builds saves
   otel       opentelemetry-instrumentation-fastapi + -httpx (the generic peer), same sink
 
 The upstream streams 16 SSE chunks per response (vLLM's shape, no engine). Variants are run
@@ -32,7 +35,7 @@ from pathlib import Path
 import httpx
 
 CHUNKS = 16
-VARIANTS = ("bare", "stagelens", "metrics", "otel")
+VARIANTS = ("bare", "stagelens", "metrics", "sdk", "otel")
 
 UPSTREAM = textwrap.dedent(
     """
@@ -89,10 +92,18 @@ PROXY = textwrap.dedent(
     client = httpx.AsyncClient(base_url=UPSTREAM, timeout=30)
     app = FastAPI()
 
-    if VARIANT in ("stagelens", "metrics"):
+    if VARIANT in ("stagelens", "metrics", "sdk"):
         import stagelens
         from stagelens import Stage, stage
-        telemetry = stagelens.configure()
+        sdk_provider = None
+        if VARIANT == "sdk":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+            sdk_provider = TracerProvider()
+            sdk_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        telemetry = stagelens.configure(tracer_provider=sdk_provider)
         if not os.environ.get("BENCH_NO_HTTPX"):
             stagelens.instrument_httpx_client(client, telemetry=telemetry)
     else:
@@ -134,7 +145,7 @@ PROXY = textwrap.dedent(
 
     _noop = _Noop()
 
-    if VARIANT in ("stagelens", "metrics") and not os.environ.get("BENCH_NO_APP"):
+    if VARIANT in ("stagelens", "metrics", "sdk") and not os.environ.get("BENCH_NO_APP"):
         stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")
     elif VARIANT == "otel":
         from opentelemetry import trace
@@ -297,7 +308,7 @@ def main() -> None:
                             f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid
                         )
                     )
-                    if variant in ("stagelens", "metrics"):
+                    if variant in ("stagelens", "metrics", "sdk"):
                         check_full_work(f"http://127.0.0.1:{port}/metrics")
                 finally:
                     proxy.terminate()

@@ -20,6 +20,7 @@ from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry, start_http_server
+from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.nvml import (
     GpuReader,
     NvmlCollector,
@@ -112,10 +113,11 @@ def configure(
 ) -> Telemetry:
     """Set up tracing and Prometheus metrics; return the Telemetry to instrument apps with.
 
-    - Traces: ``tracer_provider`` if given; else an SDK provider exporting to
-      ``span_exporters`` or, by default, to what ``OTEL_TRACES_EXPORTER`` /
-      ``OTEL_EXPORTER_OTLP_*`` name (OTLP over HTTP/protobuf unless ``grpc``), each through
-      a bounded queue whose drops are counted. ``OTEL_SERVICE_NAME`` and
+    - Traces: ``tracer_provider`` if given; else a deferred provider (spans recorded on
+      the request path, built and exported by a worker thread: ``exporters/deferred.py``)
+      exporting to ``span_exporters`` or, by default, to what ``OTEL_TRACES_EXPORTER`` /
+      ``OTEL_EXPORTER_OTLP_*`` name (OTLP over HTTP/protobuf unless ``grpc``), through a
+      bounded queue whose drops are counted. ``OTEL_SERVICE_NAME`` and
       ``OTEL_TRACES_SAMPLER`` are honoured.
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
@@ -158,7 +160,7 @@ def configure(
     )
     holder.append(telemetry)
     if set_global:
-        if isinstance(provider, TracerProvider):
+        if isinstance(provider, TracerProvider | DeferredTracerProvider):
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
     enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)

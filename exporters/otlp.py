@@ -1,40 +1,25 @@
-"""Build the SDK TracerProvider: Resource, sampler and span exporters from ``OTEL_*``.
+"""Build the tracer provider configure() uses: Resource, sampler and span exporters from
+``OTEL_*``.
 
-Why a bounded, counting processor around the SDK's BatchSpanProcessor: with a dead
-collector the SDK would log a warning for every dropped span (per request) and retry in
-its worker thread. We cap the spans waiting for export (memory bounded), count every
-dropped span in ``stagelens_spans_dropped_total{reason}``, and log the first failure once.
+Why not the SDK's TracerProvider: see ``exporters/deferred.py``. Spans are recorded on the
+request path and built, encoded and exported by one worker thread through a bounded queue;
+every dropped span is counted in ``stagelens_spans_dropped_total{reason}`` and each kind of
+exporter failure is logged once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Sequence
 
-from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SpanExporter,
-    SpanExportResult,
-)
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from stagelens.exporters.deferred import DeferredTracerProvider, DropCounter
 
 from stagelens.errors import ConfigurationError, DependencyMissingError
 
 logger = logging.getLogger("stagelens")
-
-REASON_QUEUE_FULL: Final = "queue_full"
-"""Dropped before export: more spans waiting than the queue bound."""
-REASON_EXPORT_FAILED: Final = "export_failed"
-"""Dropped by a failed export (collector down, refused, timed out)."""
-
-DropCounter = Callable[[str, int], None]
-"""``count(reason, n)``: called with every batch of dropped spans."""
 
 
 class _OnceFilter(logging.Filter):
@@ -50,93 +35,6 @@ class _OnceFilter(logging.Filter):
             return False
         self._seen.add(key)
         return True
-
-
-class CountingSpanProcessor(SpanProcessor):
-    """Bounded batch export that counts what it drops instead of logging per span."""
-
-    def __init__(
-        self,
-        exporter: SpanExporter,
-        count_dropped: DropCounter,
-        max_queue_size: int = 2048,
-        schedule_delay_millis: float = 1000,
-        export_timeout_millis: float = 10000,
-    ) -> None:
-        self._count = count_dropped
-        self._max = max_queue_size
-        self._pending = 0
-        self._lock = threading.Lock()
-        self._failed_once = False
-        self._batch = BatchSpanProcessor(
-            _CountingExporter(exporter, self),
-            max_queue_size=max_queue_size + 1,
-            schedule_delay_millis=schedule_delay_millis,
-            export_timeout_millis=export_timeout_millis,
-            max_export_batch_size=min(512, max_queue_size),
-        )
-
-    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
-        """Nothing to do at span start."""
-
-    def on_end(self, span: ReadableSpan) -> None:
-        """Queue the span unless the bound is reached (then count it as dropped)."""
-        if not span.context or not span.context.trace_flags.sampled:
-            return
-        with self._lock:
-            if self._pending >= self._max:
-                full = True
-            else:
-                self._pending += 1
-                full = False
-        if full:
-            self._count(REASON_QUEUE_FULL, 1)
-            return
-        self._batch.on_end(span)
-
-    def _exported(self, n: int, ok: bool, error: BaseException | None = None) -> None:
-        with self._lock:
-            self._pending = max(self._pending - n, 0)
-        if not ok:
-            self._count(REASON_EXPORT_FAILED, n)
-            if not self._failed_once:
-                self._failed_once = True
-                logger.warning(
-                    "stagelens: span export failed (%s); serving continues, dropped spans are "
-                    "counted in stagelens_spans_dropped_total",
-                    error or "exporter returned FAILURE",
-                )
-
-    def shutdown(self) -> None:
-        """Flush and stop the worker."""
-        shutdown: Callable[[], None] = self._batch.shutdown  # the SDK method is unannotated
-        shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export everything queued now."""
-        return self._batch.force_flush(timeout_millis)
-
-
-class _CountingExporter(SpanExporter):
-    def __init__(self, wrapped: SpanExporter, owner: CountingSpanProcessor) -> None:
-        self._wrapped = wrapped
-        self._owner = owner
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        try:
-            result = self._wrapped.export(spans)
-        except Exception as exc:
-            self._owner._exported(len(spans), False, exc)
-            return SpanExportResult.FAILURE
-        self._owner._exported(len(spans), result is SpanExportResult.SUCCESS)
-        return result
-
-    def shutdown(self) -> None:
-        shutdown: Callable[[], None] = self._wrapped.shutdown
-        shutdown()
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return self._wrapped.force_flush(timeout_millis)
 
 
 def span_exporters_from_env() -> list[SpanExporter]:
@@ -204,10 +102,11 @@ def build_tracer_provider(
     count_dropped: DropCounter,
     max_queue_size: int = 2048,
     service_name: str | None = None,
-) -> TracerProvider:
-    """A TracerProvider with the env's Resource and sampler and one bounded processor per
-    exporter. ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` win over
-    ``service_name``; ``OTEL_TRACES_SAMPLER[_ARG]`` is read by the SDK."""
+) -> DeferredTracerProvider:
+    """A deferred tracer provider with the env's Resource and sampler, exporting to
+    ``exporters`` through one bounded queue. ``OTEL_SERVICE_NAME`` /
+    ``OTEL_RESOURCE_ATTRIBUTES`` win over ``service_name``; ``OTEL_TRACES_SAMPLER[_ARG]`` is
+    read as the SDK reads it."""
     resource = Resource.create({})
     if service_name and not _service_name_from_env():
         # Resource.create merges explicit attributes over the environment's, so the
@@ -218,9 +117,6 @@ def build_tracer_provider(
                 resource.schema_url,
             )
         )
-    provider = TracerProvider(resource=resource)
-    for exporter in exporters:
-        provider.add_span_processor(
-            CountingSpanProcessor(exporter, count_dropped, max_queue_size=max_queue_size)
-        )
-    return provider
+    return DeferredTracerProvider(
+        exporters, count_dropped, resource=resource, max_queue_size=max_queue_size
+    )
