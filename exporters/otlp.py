@@ -69,24 +69,25 @@ def _otlp_exporter() -> SpanExporter:
             raise DependencyMissingError(
                 "OTLP/gRPC needs the grpc extra: pip install 'stagelens[grpc]'"
             ) from exc
-        _quiet("opentelemetry.exporter.otlp.proto.grpc.exporter")
+        quiet_loggers("opentelemetry.exporter.otlp.proto.grpc.exporter")
         return GrpcExporter()
     if protocol in ("http/protobuf", "http"):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        _quiet("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+        quiet_loggers("opentelemetry.exporter.otlp.proto.http.trace_exporter")
         return OTLPSpanExporter()
     raise ConfigurationError(f"OTEL_EXPORTER_OTLP_PROTOCOL: unsupported {protocol!r}")
 
 
-def _quiet(logger_name: str) -> None:
-    """Keep an exporter's repeated failure messages to one line each.
+def quiet_loggers(*logger_names: str) -> None:
+    """Keep repeated failure messages of these loggers to one line per message template.
 
-    ``logger_name`` must be the module logger that emits them: a logger's filters do not
-    apply to records that propagate up from its children."""
-    target = logging.getLogger(logger_name)
-    if not any(isinstance(f, _OnceFilter) for f in target.filters):
-        target.addFilter(_OnceFilter())
+    Name the exact loggers that log: a filter on a parent logger does not see records
+    propagated up from its children."""
+    for name in logger_names:
+        target = logging.getLogger(name)
+        if not any(isinstance(f, _OnceFilter) for f in target.filters):
+            target.addFilter(_OnceFilter())
 
 
 def _service_name_from_env() -> bool:

@@ -367,28 +367,11 @@ class _CountingMetricExporter(MetricExporter):
         self._wrapped.shutdown(timeout_millis=timeout_millis)
 
 
-class _OnceFilter(logging.Filter):
-    """Lets each message template of a noisy exporter logger through once."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._seen: set[tuple[str, object]] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, record.msg)
-        if key in self._seen:
-            return False
-        self._seen.add(key)
-        return True
-
-
 def _quiet(*logger_names: str) -> None:
-    """Filter the exact loggers that log: a filter on a parent logger does not see records
-    propagated up from its children."""
-    for name in logger_names:
-        target = logging.getLogger(name)
-        if not any(isinstance(f, _OnceFilter) for f in target.filters):
-            target.addFilter(_OnceFilter())
+    """One line per kind of exporter failure (imported late: the SDK is optional here)."""
+    from stagelens.exporters.otlp import quiet_loggers
+
+    quiet_loggers(*logger_names)
 
 
 def otlp_metric_exporter() -> MetricExporter:
