@@ -100,12 +100,19 @@ class VllmServer:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_path.open("wb")
+        # A process group of its own (so stop() can signal the engine's children too) but
+        # not a session of its own: a new session is a new scheduler autogroup, and on a
+        # CPU-only machine the engine's busy autogroup starved ours (gateway, clients) for up
+        # to 4 s at a time on Linux 6.18 (EEVDF), long enough for a disconnected client's
+        # generation to run to max_tokens before the gateway could close the upstream. In
+        # the same autogroup the worst stall measured was 52 ms.
         self._proc = subprocess.Popen(
             self.command(),
             env=env,
+            stdin=subprocess.DEVNULL,
             stdout=self._log if self._log is not None else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=0,
         )
 
     def is_healthy(self, timeout: float = 2.0) -> bool:

@@ -601,11 +601,9 @@ class TestStreams:
             if ch.get("delta", {}).get("content")
         )
         assert billed >= client_tokens, (billed, client_tokens)
-        if generated >= 1900:
-            # Seen twice in 4 clean-clone runs: vLLM ran the cut stream to max_tokens, so
-            # the client's disconnect did not reach the engine. Not yet understood (uvicorn
-            # reports ASGI 2.3 and drops sends after a disconnect; see the session note).
-            pytest.xfail(f"known intermittent: no abort, vLLM generated {generated} tokens")
+        # Aborted, not run to max_tokens: ~4 tokens on a quiet machine; half of max_tokens
+        # leaves room for a loaded one.
+        assert generated < 950, f"no abort: vLLM generated {generated} of 1900 tokens"
 
 
 class TestTenantsAndAdmission:
