@@ -452,19 +452,23 @@ class DeferredTracerProvider(trace.TracerProvider):
 
     def _run(self) -> None:
         while True:
-            self._wake.wait(self._delay)
+            by_size = self._wake.wait(self._delay)
             self._wake.clear()
             with self._flush_lock:
                 flushes, self._flushes = self._flushes, []
-            self._drain()
+            # Woken because a batch filled up: send full batches only, and leave the few
+            # spans that arrived meanwhile for the next one. Draining them too made every
+            # other request a handful of spans (4 POSTs per full batch, measured), and each
+            # POST costs ~0.65 ms of CPU in the exporter's HTTP client.
+            self._drain(full_only=by_size and not flushes and not self._stopping)
             for done in flushes:
                 done.set()
             if self._stopping:
                 return
 
-    def _drain(self) -> None:
+    def _drain(self, *, full_only: bool = False) -> None:
         queue, size = self._queue, self._batch_size
-        while queue:
+        while queue and (len(queue) >= size or not full_only):
             batch: list[RecordedSpan] = []
             while queue and len(batch) < size:
                 batch.append(queue.popleft())

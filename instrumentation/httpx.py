@@ -20,9 +20,9 @@ body is fully read or the stream is closed (client gone, backend died), whicheve
 from __future__ import annotations
 
 import json
+import random
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Final
 
@@ -53,6 +53,7 @@ _NO_CHOICES_RE: Final = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _FINISH_KEY: Final = b'"finish_reason"'
 _FINISH_COMPACT: Final = b'"finish_reason":"'
 _FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
+_FINISH_NULL_SPACED: Final = b'"finish_reason": null'
 _FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 _DONE: Final = b"[DONE]"
 
@@ -62,6 +63,20 @@ def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes])
     if compact in payload:
         return True
     return key in payload and pattern.search(payload) is not None
+
+
+def _is_plain_content(chunk: bytes) -> bool:
+    """True when ``chunk`` surely holds no event worth parsing: no usage, no ``[DONE]``,
+    no finish reason other than null (a handful of substring scans, no regex)."""
+    if _USAGE_KEY in chunk or _DONE in chunk:
+        return False
+    if _FINISH_KEY not in chunk:
+        return True
+    if _FINISH_COMPACT in chunk:
+        return False
+    return chunk.count(_FINISH_KEY) == chunk.count(_FINISH_NULL_COMPACT) + chunk.count(
+        _FINISH_NULL_SPACED
+    )
 
 
 def _is_final_choice(payload: bytes) -> bool:
@@ -148,7 +163,9 @@ class _UpstreamCall:
         self._done = False
         # The stream's last event arrived ([DONE], a finish reason or the usage chunk).
         self._ended = False
-        self._first_seen = False
+        # The first event is parsed for the span's response id and model: a sampled-out
+        # request has no span, so nothing to parse before the final events.
+        self._first_seen = not self.span.is_recording()
         self._last_data_ns = 0
         self._response_id: str | None = None
         self._response_model: str | None = None
@@ -173,6 +190,16 @@ class _UpstreamCall:
         if not self.stream:
             if len(self._buffer) + len(chunk) <= _MAX_BODY:
                 self._buffer += chunk
+            return
+        if (
+            self._first_seen
+            and not self._buffer
+            and chunk.endswith(b"\n")
+            and _is_plain_content(chunk)
+        ):
+            # Whole content events with nothing to parse (most chunks of a stream): only
+            # the time of the latest token is kept.
+            self._last_data_ns = time.time_ns()
             return
         self._buffer += chunk
         if b"\n" not in chunk:
@@ -348,7 +375,7 @@ def _mint_request_id(span: trace.Span) -> str:
     ctx = span.get_span_context()
     if span.is_recording() and ctx.is_valid:
         return f"{ctx.trace_id:032x}-{ctx.span_id:016x}"
-    return uuid.uuid4().hex
+    return f"{random.getrandbits(128):032x}"  # after fork() `random` is reseeded
 
 
 def _start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
@@ -462,13 +489,8 @@ class StageLensAsyncTransport(httpx.AsyncBaseTransport):
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_AsyncStream(stream, call),
-            extensions=response.extensions,
-            request=request,
-        )
+        response.stream = _AsyncStream(stream, call)  # the same response, its body observed
+        return response
 
     async def aclose(self) -> None:
         await self.wrapped.aclose()
@@ -501,13 +523,8 @@ class StageLensTransport(httpx.BaseTransport):
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.SyncByteStream)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_SyncStream(stream, call),
-            extensions=response.extensions,
-            request=request,
-        )
+        response.stream = _SyncStream(stream, call)
+        return response
 
     def close(self) -> None:
         self.wrapped.close()

@@ -219,6 +219,46 @@ def test_queue_bound_counts_what_it_drops() -> None:
     assert _Blocking.exported == 16
 
 
+def test_a_full_batch_is_sent_alone_and_the_rest_waits_for_the_next() -> None:
+    """Woken by a full batch, the worker sends full batches only: the spans that arrive
+    while it wakes wait for the next batch (or the timer, or a flush) instead of going out
+    as a tiny POST of their own."""
+    sizes: list[int] = []
+    first = threading.Event()
+    release = threading.Event()
+
+    class _Recording(SpanExporter):
+        def export(self, spans) -> SpanExportResult:
+            sizes.append(len(spans))
+            first.set()
+            release.wait(10)
+            return SpanExportResult.SUCCESS
+
+    provider = DeferredTracerProvider(
+        [_Recording()],
+        _Drops(),
+        resource=RESOURCE,
+        max_export_batch_size=4,
+        schedule_delay_seconds=60,
+    )
+    tracer = provider.get_tracer("t")
+    for _ in range(4):  # a full batch wakes the worker
+        tracer.start_span("s").end()
+    assert first.wait(10)
+    for _ in range(3):  # arrive while the first batch is being sent
+        tracer.start_span("s").end()
+    release.set()
+    deadline = threading.Event()
+    while provider._queue and len(provider._queue) != 3 and not deadline.wait(0.01):
+        pass
+    deadline.wait(0.2)
+    assert sizes == [4]
+    assert len(provider._queue) == 3
+    assert provider.force_flush(5000)
+    assert sizes == [4, 3]
+    provider.shutdown()
+
+
 def test_sampler_decides_for_local_roots_and_children_follow() -> None:
     exporter = InMemorySpanExporter()
     provider = DeferredTracerProvider([exporter], _Drops(), resource=RESOURCE, sampler=ALWAYS_OFF)

@@ -180,3 +180,53 @@ class TestStreamEndings:
         _, span = await _stream(cap, spaced_url, x_chunks=3, x_no_final=True)
         assert span.status.status_code is StatusCode.ERROR
         assert span.attributes[sc.ERROR_TYPE] == "incomplete_stream"
+
+
+def _vllm_like_stream(*, spaced: bool) -> bytes:
+    """A whole SSE body: 5 content events (finish reason null), a final content event with
+    a finish reason, the usage event, ``[DONE]``; compact like vLLM or spaced."""
+    dumps = json.dumps if spaced else (lambda o: json.dumps(o, separators=(",", ":")))
+    events = [
+        {
+            "id": "c1",
+            "model": "tiny",
+            "choices": [{"index": 0, "delta": {"content": f"t{i}"}, "finish_reason": None}],
+        }
+        for i in range(5)
+    ]
+    events.append(
+        {
+            "id": "c1",
+            "model": "tiny",
+            "choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}],
+        }
+    )
+    events.append({"id": "c1", "model": "tiny", "choices": [], "usage": USAGE, "metrics": METRICS})
+    return b"".join(f"data: {dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
+
+
+@pytest.mark.parametrize("spaced", [False, True], ids=["compact", "spaced"])
+@pytest.mark.parametrize("size", [1, 7, 64, 10_000], ids=lambda n: f"chunks-of-{n}")
+def test_parse_is_the_same_however_the_stream_is_chunked(spaced: bool, size: int) -> None:
+    """Events split across chunks, several events per chunk, or the whole body at once:
+    the same usage, finish reasons, engine timings and end of stream are read (the fast
+    path for plain content chunks must never skip an event that matters)."""
+    from stagelens.instrumentation._telemetry import Telemetry
+    from stagelens.instrumentation.httpx import _UpstreamCall
+
+    from stagelens.testing import capture_telemetry
+
+    body = _vllm_like_stream(spaced=spaced)
+    with capture_telemetry() as capture:
+        telemetry: Telemetry = capture.telemetry
+        request = httpx.Request("POST", "http://up/v1/chat/completions", json={"model": "tiny"})
+        call = _UpstreamCall(telemetry, None, {"model": "tiny", "stream": True}, "chat", request)
+        for start in range(0, len(body), size):
+            call.on_chunk(body[start : start + size])
+        assert call._ended
+        assert call._usage is not None
+        assert (call._usage.input_tokens, call._usage.output_tokens) == (40, 6)
+        assert call._usage.cached_input_tokens == 16
+        assert call._finish_reasons == ["stop"]
+        assert call._engine == METRICS
+        assert call._response_id == "c1"
