@@ -36,6 +36,7 @@ class RequestState:
         "disconnected",
         "first_token_at",
         "model",
+        "recording",
         "rejected_by",
         "request_id",
         "root_span",
@@ -50,6 +51,8 @@ class RequestState:
     def __init__(self, telemetry: Telemetry, root_span: trace.Span) -> None:
         self.telemetry = telemetry
         self.root_span = root_span
+        self.recording = root_span.is_recording()
+        """The trace is sampled in: stages and the upstream call make spans."""
         self.started_at = time.perf_counter()
         self.model: str | None = None
         self.tenant: str | None = None

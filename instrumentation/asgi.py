@@ -22,7 +22,6 @@ from typing import Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation._instruments import observe_many
 from stagelens.instrumentation._request import RequestState, _enter, _exit
 from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 from stagelens.instrumentation.hooks import Rejected, bill, stage
@@ -46,6 +45,8 @@ SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
 
 STATUS_CLIENT_CLOSED = 499
+_CODE_LABELS = {code: str(code) for code in range(100, 600)}
+"""``code`` label strings, made once."""
 """``code`` label for a request whose client went away before any response was sent."""
 _DONE = b"data: [DONE]"
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
@@ -149,7 +150,9 @@ class _RequestTracker:
     """Everything about one request; lives exactly as long as it."""
 
     __slots__ = (
+        "_before_last",
         "_gaps",
+        "_last_body",
         "_last_chunk",
         "_mw",
         "_response_done",
@@ -168,6 +171,9 @@ class _RequestTracker:
         self._last_chunk = 0.0
         self._gaps: list[float] = []
         """Inter-token gaps, recorded at the end with the request's final model label."""
+        self._last_body: bytes | None = None
+        self._before_last: bytes | None = None
+        """The last two chunks of a stream after the first (see _drop_closing_gaps)."""
         self._state: RequestState | None = None
 
     async def run(self, receive: Receive, send: Send) -> None:
@@ -260,13 +266,15 @@ class _RequestTracker:
             if message["type"] == "http.response.body":
                 body = message.get("body")
                 if body:
+                    # The hot path of a stream: a timestamp and no look at the bytes. The
+                    # stream's closing non-token events are told apart once, at the end.
                     now = perf_counter()
                     if state.first_token_at is None:
                         state.first_token_at = now
-                        self._last_chunk = now
-                    elif self._sse and _is_token_chunk(body):
+                    elif self._sse:
                         gaps.append(now - self._last_chunk)
-                        self._last_chunk = now
+                        self._before_last, self._last_body = self._last_body, body
+                    self._last_chunk = now
                 if not message.get("more_body", False):
                     self._response_done = True
             elif message["type"] == "http.response.start":
@@ -292,6 +300,15 @@ class _RequestTracker:
             if span.is_recording():
                 span.record_exception(exc)
 
+    def _drop_closing_gaps(self) -> None:
+        """Remove the gaps of the stream's closing events (the usage chunk, ``[DONE]``):
+        they are no tokens. Only the last two chunks can be such events."""
+        gaps = self._gaps
+        for body in (self._last_body, self._before_last):
+            if body is None or not gaps or _is_token_chunk(body):
+                return
+            gaps.pop()
+
     def _finish(self, error: BaseException | None) -> None:
         state = self._state
         assert state is not None
@@ -313,21 +330,24 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
+        self._drop_closing_gaps()
         model = state.model_label
-        instruments = telemetry.instruments
+        series = telemetry.instruments.for_model(model)
         for stage_name, seconds in state.stage_times:
-            instruments.stage_duration.get(stage_name, model).observe(seconds)
-        code_label = str(code)
-        instruments.request_duration.get(model, code_label).observe(end - state.started_at)
-        instruments.requests.get(model, code_label).inc()
+            series.stage(stage_name).observe(seconds)
+        code_label = _CODE_LABELS.get(code) or str(code)
+        duration, count = series.outcome(code_label)
+        duration.observe(end - state.started_at)
+        count.inc()
         if state.rejected_by is not None and code >= 400:
-            instruments.rejections.get(state.rejected_by, model, code_label).inc()
+            telemetry.instruments.rejections.get(state.rejected_by, model, code_label).inc()
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.
         ttft = state.first_token_at - state.started_at if state.first_token_at else None
         if ttft is not None and code < 400:
-            instruments.ttft.get(model).observe(ttft)
-        observe_many(instruments.itl.get(model), self._gaps)
+            series.ttft().observe(ttft)
+        if self._gaps:
+            series.itl().observe_many(self._gaps)
         root = state.root_span
         if root.is_recording():
             route = self._scope.get("route")

@@ -105,7 +105,7 @@ class stage:
         state = current_request()
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
-        if state is not None and not state.root_span.is_recording():
+        if state is not None and not state.recording:
             # Trace sampled out (parent-based sampling): no child span, timing only.
             self._t0 = time.perf_counter()
             return self
@@ -137,7 +137,7 @@ class stage:
             state.stage_times.append((self._name, elapsed))
         else:
             model = telemetry.settings.default_model
-            telemetry.instruments.stage_duration.get(self._name, model).observe(elapsed)
+            telemetry.instruments.for_model(model).stage(self._name).observe(elapsed)
         if exc is not None:
             status = _status_of(exc)
             if status is not None and status >= 400 and state is not None:
@@ -235,11 +235,11 @@ def bill() -> float | None:
         model = state.model_label
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
-        tokens = telemetry.instruments.tokens
-        tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT).inc(usage.input_tokens)
-        tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT).inc(usage.output_tokens)
-        tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT).inc(usage.cached_input_tokens)
-        telemetry.instruments.cost.get(model, tenant).inc(cost)
+        series = telemetry.instruments.billing(model, tenant)
+        series.input.inc(usage.input_tokens)
+        series.output.inc(usage.output_tokens)
+        series.cached_input.inc(usage.cached_input_tokens)
+        series.cost.inc(cost)
         state.cost_usd = cost
         span = billing.span
         if span.is_recording():

@@ -12,9 +12,11 @@ What it adds to every ``/v1/chat/completions`` and ``/v1/completions`` call:
   ``stagelens_engine_phase_duration_seconds``.
 
 Why a transport wrapper: httpx has no hook that sees a streamed body; wrapping the
-transport lets chunks pass through untouched while a few bytes-level checks pick out the
-lines worth parsing (first chunk, finish reason, final usage chunk). The span ends when the
-body is fully read or the stream is closed (client gone, backend died), whichever is first.
+transport lets chunks pass through untouched. Only the events that matter are parsed: the
+first (for the span's response id and model, when recorded) and the final ones (finish
+reason, usage, engine timings, ``[DONE]``), read from the kept tail of the stream once it
+ends, so a content chunk costs an append and no scan. The span ends when the body is fully
+read or the stream is closed (client gone, backend died), whichever is first.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from stagelens.stages import Stage
 _MAX_BODY: Final = 4 * 1024 * 1024
 """Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""
 _NS: Final = 1_000_000_000
+_INFERENCE: Final = Stage.INFERENCE.value
 
 # SSE parsing. Each key first gets a plain ``in`` check (vLLM's compact JSON answers it
 # alone); the precompiled pattern runs only when the key is there but spaced differently,
@@ -56,6 +59,11 @@ _FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
 _FINISH_NULL_SPACED: Final = b'"finish_reason": null'
 _FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 _DONE: Final = b"[DONE]"
+_TAIL_KEEP: Final = 16 * 1024
+_TAIL_MAX: Final = 48 * 1024
+"""A stream's body is not scanned as it passes: only its last ``_TAIL_KEEP`` to
+``_TAIL_MAX`` bytes are kept, and the final events are read from them once, when the
+stream ends (see ``_UpstreamCall.on_chunk``)."""
 
 
 def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes]) -> bool:
@@ -63,20 +71,6 @@ def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes])
     if compact in payload:
         return True
     return key in payload and pattern.search(payload) is not None
-
-
-def _is_plain_content(chunk: bytes) -> bool:
-    """True when ``chunk`` surely holds no event worth parsing: no usage, no ``[DONE]``,
-    no finish reason other than null (a handful of substring scans, no regex)."""
-    if _USAGE_KEY in chunk or _DONE in chunk:
-        return False
-    if _FINISH_KEY not in chunk:
-        return True
-    if _FINISH_COMPACT in chunk:
-        return False
-    return chunk.count(_FINISH_KEY) == chunk.count(_FINISH_NULL_COMPACT) + chunk.count(
-        _FINISH_NULL_SPACED
-    )
 
 
 def _is_final_choice(payload: bytes) -> bool:
@@ -99,9 +93,13 @@ class _UpstreamCall:
         "_finish_reasons",
         "_first_seen",
         "_last_data_ns",
+        "_lazy",
+        "_recording",
         "_response_id",
         "_response_model",
+        "_single_choice",
         "_t0",
+        "_tail_cut",
         "_usage",
         "model",
         "span",
@@ -124,27 +122,17 @@ class _UpstreamCall:
         self.stream = bool(payload.get("stream", False))
         if state is not None and state.model is None:
             state.set_model(self.model)
-        attributes: dict[str, Any] = {
-            sc.ATTR_STAGE: Stage.INFERENCE.value,
-            sc.GEN_AI_OPERATION_NAME: operation,
-            sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER_VLLM,
-            sc.GEN_AI_REQUEST_MODEL: self.model,
-            sc.GEN_AI_REQUEST_STREAM: self.stream,
-            sc.SERVER_ADDRESS: request.url.host,
-        }
-        if request.url.port is not None:
-            attributes[sc.SERVER_PORT] = request.url.port
-        max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
-        if isinstance(max_tokens, int):
-            attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-        if state is not None and not state.root_span.is_recording():
+        if state is not None and not state.recording:
             # Sampled out: propagate the root's (unsampled) context, build nothing.
             self.span: trace.Span = trace.NonRecordingSpan(state.root_span.get_span_context())
         else:
             self.span = telemetry.tracer.start_span(
-                f"{operation} {self.model}", kind=SpanKind.CLIENT, attributes=attributes
+                f"{operation} {self.model}",
+                kind=SpanKind.CLIENT,
+                attributes=_client_attributes(self.model, self.stream, operation, payload, request),
             )
-        if telemetry.settings.capture_message_content and self.span.is_recording():
+        self._recording = self.span.is_recording()
+        if telemetry.settings.capture_message_content and self._recording:
             content = payload.get("messages", payload.get("prompt"))
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
         request_id = request.headers.get(sc.HEADER_REQUEST_ID)
@@ -153,19 +141,27 @@ class _UpstreamCall:
             request.headers[sc.HEADER_REQUEST_ID] = request_id
         if state is not None:
             state.request_id = request_id
-        if self.span.is_recording():
+        if self._recording:
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
             propagate.inject(request.headers, context=trace.set_span_in_context(self.span))
         else:
             propagate.inject(request.headers)
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
+        """Eager parsing: a non-streamed body, or the stream's unparsed partial line."""
         self._done = False
         # The stream's last event arrived ([DONE], a finish reason or the usage chunk).
         self._ended = False
         # The first event is parsed for the span's response id and model: a sampled-out
         # request has no span, so nothing to parse before the final events.
-        self._first_seen = not self.span.is_recording()
+        self._first_seen = not self._recording
+        # With one choice every event that matters but the first sits at the end of the
+        # stream; with n > 1 a choice may finish long before the others: parse eagerly.
+        n = payload.get("n")
+        self._single_choice = n is None or n == 1
+        self._lazy = self.stream and self._first_seen and self._single_choice
+        """Keep only the stream's tail (in ``_buffer``) and read it when the stream ends."""
+        self._tail_cut = False
         self._last_data_ns = 0
         self._response_id: str | None = None
         self._response_model: str | None = None
@@ -187,19 +183,20 @@ class _UpstreamCall:
                 self.span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
 
     def on_chunk(self, chunk: bytes) -> None:
+        if self._lazy:
+            # The hot path: every content chunk of a stream comes here. Keep the tail;
+            # the time of the latest chunk ends the engine spans (recorded traces only).
+            tail = self._buffer
+            tail += chunk
+            if len(tail) > _TAIL_MAX:
+                del tail[: len(tail) - _TAIL_KEEP]
+                self._tail_cut = True
+            if self._recording:
+                self._last_data_ns = time.time_ns()
+            return
         if not self.stream:
             if len(self._buffer) + len(chunk) <= _MAX_BODY:
                 self._buffer += chunk
-            return
-        if (
-            self._first_seen
-            and not self._buffer
-            and chunk.endswith(b"\n")
-            and _is_plain_content(chunk)
-        ):
-            # Whole content events with nothing to parse (most chunks of a stream): only
-            # the time of the latest token is kept.
-            self._last_data_ns = time.time_ns()
             return
         self._buffer += chunk
         if b"\n" not in chunk:
@@ -213,17 +210,57 @@ class _UpstreamCall:
                     self._ended = True
                 elif payload:
                     self._on_event(payload)
+        if self._first_seen and self._single_choice:
+            self._lazy = True  # the first event is read: from here on, keep the tail only
 
-    def _on_event(self, payload: bytes) -> None:
+    def _settle(self) -> None:
+        """Read the final events from the kept tail (once, when the stream ended).
+
+        Walks the tail's events backwards and stops at the first plain content event: with
+        one choice, the events that matter ([DONE], the usage chunk, the finish reason)
+        are all after it. They are then read in stream order, as eager parsing would.
+        """
+        if not self._lazy:
+            return
+        self._lazy = False
+        tail, self._buffer = self._buffer, bytearray()
+        lines = tail.split(b"\n")
+        if self._tail_cut:
+            lines = lines[1:]  # the cut left a partial line first
+        final: list[bytes] = []
+        found_usage = False
+        for line in reversed(lines):
+            if not line.startswith(b"data:"):
+                continue
+            payload = bytes(line[5:]).strip()
+            if payload == _DONE:
+                self._ended = True
+                continue
+            if not payload:
+                continue
+            finishes = _is_final_choice(payload)
+            usage = _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE)
+            if not finishes and (not usage or found_usage):
+                break  # content (or an older running usage total): nothing more to learn
+            found_usage = found_usage or usage
+            final.append(payload)
+            if finishes:
+                break  # the one choice's last event: all before it is content
+        for payload in reversed(final):
+            self._on_event(payload, timed=False)
+
+    def _on_event(self, payload: bytes, *, timed: bool = True) -> None:
         usage_chunk = _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE) and _has(
             payload, _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE
         )
-        if not usage_chunk:
+        if timed and not usage_chunk:
             self._last_data_ns = time.time_ns()
         final = usage_chunk or _is_final_choice(payload)
         if final:
             self._ended = True
-        if not self._first_seen or final:
+        # A recorded span gets the first event's id and model and the finish reasons; a
+        # sampled-out request only needs what feeds metrics and billing (usage, timings).
+        if not self._first_seen or _USAGE_KEY in payload or (final and self._recording):
             self._first_seen = True
             try:
                 self._absorb(json.loads(payload))
@@ -255,6 +292,7 @@ class _UpstreamCall:
             return
         self._done = True
         try:
+            self._settle()
             self._finish(error)
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
@@ -272,6 +310,10 @@ class _UpstreamCall:
         """
         if self._done:
             return
+        try:
+            self._settle()
+        except Exception as exc:
+            self.telemetry.report_error("upstream", exc)
         if self._ended:
             self.finish()
             return
@@ -296,15 +338,14 @@ class _UpstreamCall:
         if self._usage is not None and state is not None:
             state.upstream_usage = self._usage
         model_label = state.model_label if state is not None else self.model
+        series = telemetry.instruments.for_model(model_label)
         if state is not None:
-            state.stage_times.append((Stage.INFERENCE.value, elapsed))
+            state.stage_times.append((_INFERENCE, elapsed))
         else:
-            telemetry.instruments.stage_duration.get(Stage.INFERENCE.value, model_label).observe(
-                elapsed
-            )
+            series.stage(_INFERENCE).observe(elapsed)
         phases = self._phases()
         for phase, seconds in phases:
-            telemetry.instruments.engine_phase.get(phase, model_label).observe(seconds)
+            series.phase(phase).observe(seconds)
         if span.is_recording():
             self._set_response_attributes(span, error)
             self._engine_spans(phases)
@@ -337,7 +378,7 @@ class _UpstreamCall:
                 phase,
                 context=parent,
                 start_time=start_ns,
-                attributes={sc.ATTR_STAGE: Stage.INFERENCE.value},
+                attributes={sc.ATTR_STAGE: _INFERENCE},
             )
             child.end(end_time=end_ns)
             end_ns = start_ns
@@ -366,6 +407,26 @@ class _UpstreamCall:
     def _capture_output(self, body: dict[str, Any]) -> None:
         messages = [c.get("message") or {"text": c.get("text")} for c in body.get("choices") or ()]
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+
+
+def _client_attributes(
+    model: str, stream: bool, operation: str, payload: dict[str, Any], request: httpx.Request
+) -> dict[str, Any]:
+    """The inference span's request attributes (built only for a recorded span)."""
+    attributes: dict[str, Any] = {
+        sc.ATTR_STAGE: _INFERENCE,
+        sc.GEN_AI_OPERATION_NAME: operation,
+        sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER_VLLM,
+        sc.GEN_AI_REQUEST_MODEL: model,
+        sc.GEN_AI_REQUEST_STREAM: stream,
+        sc.SERVER_ADDRESS: request.url.host,
+    }
+    if request.url.port is not None:
+        attributes[sc.SERVER_PORT] = request.url.port
+    max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    if isinstance(max_tokens, int):
+        attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+    return attributes
 
 
 def _mint_request_id(span: trace.Span) -> str:

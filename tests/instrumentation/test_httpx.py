@@ -182,51 +182,101 @@ class TestStreamEndings:
         assert span.attributes[sc.ERROR_TYPE] == "incomplete_stream"
 
 
-def _vllm_like_stream(*, spaced: bool) -> bytes:
-    """A whole SSE body: 5 content events (finish reason null), a final content event with
-    a finish reason, the usage event, ``[DONE]``; compact like vLLM or spaced."""
+def _vllm_like_stream(
+    *, spaced: bool, content: int = 5, running_usage: bool = False, choices: int = 1
+) -> bytes:
+    """A whole SSE body: ``content`` content events (finish reason null), a final content
+    event with a finish reason, the usage event, ``[DONE]``; compact like vLLM or spaced.
+    ``running_usage``: every event carries the running usage (vLLM's continuous usage
+    stats). ``choices`` > 1: choice 0 finishes first, the others stream on (n > 1)."""
     dumps = json.dumps if spaced else (lambda o: json.dumps(o, separators=(",", ":")))
-    events = [
-        {
+
+    def event(choice: int, text: str, reason: str | None, done: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "id": "c1",
             "model": "tiny",
-            "choices": [{"index": 0, "delta": {"content": f"t{i}"}, "finish_reason": None}],
+            "choices": [{"index": choice, "delta": {"content": text}, "finish_reason": reason}],
         }
-        for i in range(5)
-    ]
-    events.append(
-        {
-            "id": "c1",
-            "model": "tiny",
-            "choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": "stop"}],
-        }
-    )
+        if running_usage:
+            out["usage"] = {"prompt_tokens": 40, "completion_tokens": done}
+        return out
+
+    events = [event(0, f"t{i}", None, i + 1) for i in range(content)]
+    events.append(event(0, "!", "stop", content + 1))
+    events += [event(c, f"c{c}", None, content + 1) for c in range(1, choices)]
+    events += [event(c, ".", "length", content + 1) for c in range(1, choices)]
     events.append({"id": "c1", "model": "tiny", "choices": [], "usage": USAGE, "metrics": METRICS})
     return b"".join(f"data: {dumps(e)}\n\n".encode() for e in events) + b"data: [DONE]\n\n"
 
 
+def _parse(body: bytes, size: int, payload: dict[str, Any], *, sampled: bool = True) -> Any:
+    """Feed ``body`` in chunks of ``size`` to an upstream call, end the stream, return it."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    from prometheus_client import CollectorRegistry
+    from stagelens.instrumentation._telemetry import Telemetry
+    from stagelens.instrumentation.httpx import _TAIL_MAX, _UpstreamCall
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+    call = _UpstreamCall(telemetry, None, {"stream": True, **payload}, "chat", request)
+    assert call.span.is_recording() == sampled
+    for start in range(0, len(body), size):
+        call.on_chunk(body[start : start + size])
+    assert len(call._buffer) <= _TAIL_MAX + size  # memory stays bounded, however long
+    call._settle()  # the stream ended: its final events are read
+    return call
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["traced", "sampled-out"])
 @pytest.mark.parametrize("spaced", [False, True], ids=["compact", "spaced"])
 @pytest.mark.parametrize("size", [1, 7, 64, 10_000], ids=lambda n: f"chunks-of-{n}")
-def test_parse_is_the_same_however_the_stream_is_chunked(spaced: bool, size: int) -> None:
-    """Events split across chunks, several events per chunk, or the whole body at once:
-    the same usage, finish reasons, engine timings and end of stream are read (the fast
-    path for plain content chunks must never skip an event that matters)."""
-    from stagelens.instrumentation._telemetry import Telemetry
-    from stagelens.instrumentation.httpx import _UpstreamCall
+@pytest.mark.parametrize("content", [5, 2000], ids=["short", "long"])
+def test_parse_is_the_same_however_the_stream_is_chunked(
+    spaced: bool, size: int, content: int, sampled: bool
+) -> None:
+    """Events split across chunks, several events per chunk, or the whole body at once,
+    in a short stream or one far longer than the kept tail: the same usage, finish
+    reasons, engine timings and end of stream are read."""
+    from stagelens.instrumentation.httpx import _TAIL_MAX
 
-    from stagelens.testing import capture_telemetry
-
-    body = _vllm_like_stream(spaced=spaced)
-    with capture_telemetry() as capture:
-        telemetry: Telemetry = capture.telemetry
-        request = httpx.Request("POST", "http://up/v1/chat/completions", json={"model": "tiny"})
-        call = _UpstreamCall(telemetry, None, {"model": "tiny", "stream": True}, "chat", request)
-        for start in range(0, len(body), size):
-            call.on_chunk(body[start : start + size])
-        assert call._ended
-        assert call._usage is not None
-        assert (call._usage.input_tokens, call._usage.output_tokens) == (40, 6)
-        assert call._usage.cached_input_tokens == 16
+    body = _vllm_like_stream(spaced=spaced, content=content)
+    assert (len(body) > 2 * _TAIL_MAX) == (content == 2000)
+    call = _parse(body, size, {"model": "tiny"}, sampled=sampled)
+    assert call._ended
+    assert call._usage is not None
+    assert (call._usage.input_tokens, call._usage.output_tokens) == (40, 6)
+    assert call._usage.cached_input_tokens == 16
+    assert call._engine == METRICS
+    if sampled:  # what only the span shows is only read for a recorded span
         assert call._finish_reasons == ["stop"]
-        assert call._engine == METRICS
         assert call._response_id == "c1"
+    assert len(call._buffer) == 0
+
+
+@pytest.mark.parametrize("spaced", [False, True], ids=["compact", "spaced"])
+def test_running_usage_totals_end_with_the_final_one(spaced: bool) -> None:
+    """With continuous usage stats every event carries the running total: the usage
+    chunk's total is billed, and the stream cut before it bills the last running one."""
+    body = _vllm_like_stream(spaced=spaced, content=300, running_usage=True)
+    call = _parse(body, 64, {"model": "tiny"})
+    assert call._usage is not None
+    assert (call._usage.input_tokens, call._usage.output_tokens) == (40, 6)
+    assert call._finish_reasons == ["stop"]
+    cut = body[: body.index(b"t250")]
+    cut = cut[: cut.rindex(b"\n\n") + 2]  # whole events up to t249
+    call = _parse(cut, 64, {"model": "tiny"})
+    assert not call._ended
+    assert call._usage is not None
+    assert call._usage.output_tokens == 250
+
+
+def test_several_choices_keep_every_finish_reason() -> None:
+    """n > 1: choice 0 finishes long before the others; its finish reason is kept."""
+    body = _vllm_like_stream(spaced=False, content=3000, choices=3)
+    call = _parse(body, 64, {"model": "tiny", "n": 3})
+    assert call._ended
+    assert call._finish_reasons == ["stop", "length", "length"]
+    assert call._usage is not None
+    assert call._usage.output_tokens == 6
