@@ -318,7 +318,7 @@ class DeferredTracer(trace.Tracer):
     ) -> trace.Span:
         provider = self._provider
         parent = trace.get_current_span(context)
-        attrs: dict[str, Any] = dict(attributes) if attributes else {}
+        extra: Attributes = None
         if isinstance(parent, RecordedSpan):
             # A local parent that was sampled: its children are, as with parent-based
             # sampling, and no sampler call is needed.
@@ -343,8 +343,10 @@ class DeferredTracer(trace.Tracer):
                 return NonRecordingSpan(
                     SpanContext(trace_id, _new_id(64), False, _NOT_SAMPLED, trace_state)
                 )
-            if decision.attributes:
-                attrs.update(decision.attributes)
+            extra = decision.attributes
+        attrs: dict[str, Any] = dict(attributes) if attributes else {}
+        if extra:
+            attrs.update(extra)
         return RecordedSpan(
             provider,
             self._scope,

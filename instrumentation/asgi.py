@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from opentelemetry import context, propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation._request import RequestState, _enter, _exit
@@ -73,6 +74,24 @@ class _HeaderGetter(Getter[Scope]):
 
 
 _GETTER = _HeaderGetter()
+_NO_PARENT = Context()
+_fields: tuple[object, frozenset[bytes]] = (None, frozenset())
+"""The global propagator and the header names it reads, encoded (refreshed on change)."""
+
+
+def _extract(scope: Scope) -> Context:
+    """``propagate.extract`` of the request headers, skipped when none of the propagator's
+    fields is present (most requests at a gateway): the same empty context, without a
+    getter call and a header scan per field."""
+    global _fields
+    textmap = propagate.get_global_textmap()
+    if _fields[0] is not textmap:
+        _fields = (textmap, frozenset(f.lower().encode("latin-1") for f in textmap.fields))
+    fields = _fields[1]
+    for key, _ in scope.get("headers", ()):
+        if key in fields:
+            return propagate.extract(scope, getter=_GETTER)
+    return _NO_PARENT
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -180,7 +199,7 @@ class _RequestTracker:
         mw, scope = self._mw, self._scope
         telemetry = mw.telemetry
         method = scope.get("method", "GET")
-        parent = propagate.extract(scope, getter=_GETTER)
+        parent = _extract(scope)
         root = telemetry.tracer.start_span(
             method, context=parent, kind=SpanKind.SERVER, attributes=_server_attributes(scope)
         )

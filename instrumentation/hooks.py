@@ -71,6 +71,10 @@ class Rejected(Exception):
         }
 
 
+_STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
+"""Stage members to label values without the enum's ``.value`` descriptor on each use."""
+
+
 def _status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) else None
@@ -82,7 +86,7 @@ class stage:
     __slots__ = ("_attributes", "_ctx_token", "_name", "_span", "_state", "_t0", "_telemetry")
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
-        self._name = name.value if isinstance(name, Stage) else str(name)
+        self._name = _STAGE_NAMES.get(name) or str(name)
         self._attributes = attributes
         self._span: trace.Span | None = None
         self._ctx_token: contextvars.Token[Context] | None = None
@@ -103,12 +107,13 @@ class stage:
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
         state = current_request()
-        telemetry = state.telemetry if state is not None else default_telemetry()
-        self._state, self._telemetry = state, telemetry
         if state is not None and not state.recording:
             # Trace sampled out (parent-based sampling): no child span, timing only.
+            self._state = state
             self._t0 = time.perf_counter()
             return self
+        telemetry = state.telemetry if state is not None else default_telemetry()
+        self._state, self._telemetry = state, telemetry
         span = telemetry.tracer.start_span(self._name, attributes={sc.ATTR_STAGE: self._name})
         if self._attributes and span.is_recording():
             span.set_attributes(dict(self._attributes))
@@ -126,6 +131,13 @@ class stage:
         elapsed = time.perf_counter() - self._t0
         span, telemetry, state = self._span, self._telemetry, self._state
         if telemetry is None:
+            if state is not None:  # sampled out: the timing is all there is
+                self._state = None
+                state.stage_times.append((self._name, elapsed))
+                if exc is not None:
+                    status = _status_of(exc)
+                    if status is not None and status >= 400:
+                        state.reject(self._name)
             return
         if self._ctx_token is not None:
             try:

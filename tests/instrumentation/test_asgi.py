@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -129,6 +130,52 @@ class TestRequestTraces:
         root = _by_name(cap)["POST /v1/chat/completions"]
         assert f"{root.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
         assert f"{root.parent.span_id:016x}" == "b7ad6b7169203331"
+
+    async def test_the_configured_propagator_is_honoured(
+        self, cap, proxy_factory, client_factory
+    ) -> None:
+        """A propagator set after the app was built, reading its own header, continues the
+        caller's trace; without the header a root starts."""
+        from opentelemetry import propagate, trace
+        from opentelemetry.propagators.textmap import TextMapPropagator
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+        class SingleHeader(TextMapPropagator):
+            """``b3: {trace}-{span}-1``, the B3 single-header form, extract only."""
+
+            def extract(self, carrier, context=None, getter=None):  # type: ignore[no-untyped-def]
+                values = getter.get(carrier, "b3") if getter else None
+                if not values:
+                    return context or Context()
+                trace_id, span_id, _ = values[0].split("-")
+                ctx = SpanContext(int(trace_id, 16), int(span_id, 16), True, TraceFlags(1))
+                return trace.set_span_in_context(NonRecordingSpan(ctx), context)
+
+            def inject(self, carrier, context=None, setter=None) -> None:  # type: ignore[no-untyped-def]
+                return None
+
+            @property
+            def fields(self) -> set[str]:
+                return {"b3"}
+
+        from opentelemetry.context import Context
+
+        app, _ = proxy_factory(cap)
+        previous = propagate.get_global_textmap()
+        propagate.set_global_textmap(SingleHeader())
+        try:
+            async with client_factory(app) as client:
+                b3 = "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1"
+                await client.post(
+                    "/v1/chat/completions", json={"model": "tiny"}, headers={"b3": b3}
+                )
+                await client.post("/v1/chat/completions", json={"model": "tiny"})
+        finally:
+            propagate.set_global_textmap(previous)
+        continued, fresh = [s for s in cap.spans() if s.name == "POST /v1/chat/completions"]
+        assert f"{continued.context.trace_id:032x}" == "80f198ee56343ba864fe8b2a57d3eff7"
+        assert f"{continued.parent.span_id:016x}" == "e457b5a2e4d86bd1"
+        assert fresh.parent is None
 
 
 class TestMetrics:
@@ -379,40 +426,60 @@ class TestContentCapture:
             assert "hi" in attrs[semconv.GEN_AI_OUTPUT_MESSAGES]
 
 
+@pytest.fixture
+def unsampled() -> Iterator[Any]:
+    """A capture whose tracer samples every trace out (ALWAYS_OFF)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    from stagelens.instrumentation import Telemetry
+
+    from stagelens.testing import TelemetryCapture, capture_telemetry
+
+    with capture_telemetry() as base:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=ALWAYS_OFF)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        telemetry = Telemetry(tracer_provider=provider, registry=base.registry)
+        yield TelemetryCapture(telemetry, exporter)
+
+
 class TestSampledOut:
     """With the trace sampled out, metrics stay complete and no span is built."""
 
+    async def test_a_rejecting_stage_is_named_without_a_span(
+        self, unsampled, proxy_factory, client_factory
+    ) -> None:
+        """The stage a Rejected escaped from is counted even when no span records it."""
+
+        def auth(scope: Any) -> str:
+            raise Rejected(429, "slow down", type="rate_limit_error")
+
+        app, _ = proxy_factory(unsampled, auth_hook=auth)
+        async with client_factory(app) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny"})
+        assert r.status_code == 429
+        assert unsampled.spans() == []
+        labels = {"stage": "gateway", "model": "unknown", "code": "429"}
+        assert unsampled.value(semconv.REJECTIONS, **labels) == 1.0
+        count = semconv.STAGE_DURATION + "_count"
+        assert unsampled.value(count, stage="gateway", model="unknown") == 1.0
+
     async def test_metrics_without_spans_and_unsampled_traceparent(
-        self, proxy_factory, client_factory, upstream
+        self, unsampled, proxy_factory, client_factory, upstream
     ) -> None:
         """ALWAYS_OFF: zero spans exported, every metric recorded, unsampled flag propagated."""
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-        from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-
-        from stagelens.testing import TelemetryCapture, capture_telemetry
-
-        with capture_telemetry() as base:
-            exporter = InMemorySpanExporter()
-            provider = TracerProvider(sampler=ALWAYS_OFF)
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-            from stagelens.instrumentation import Telemetry
-
-            telemetry = Telemetry(tracer_provider=provider, registry=base.registry)
-            cap = TelemetryCapture(telemetry, exporter)
-            app, _ = proxy_factory(cap)
-            async with client_factory(app) as client:
-                r = await client.post(
-                    "/v1/chat/completions", json={"model": "tiny", "stream": True}
-                )
-            assert r.status_code == 200
-            assert cap.spans() == []
-            flags = int(upstream.state.seen_headers[-1]["traceparent"].rsplit("-", 1)[1], 16)
-            assert flags & 0x01 == 0  # W3C "sampled" bit off
-            for stage_name in ("gateway", "tokenizer", "router", "inference", "billing"):
-                assert (
-                    cap.value(semconv.STAGE_DURATION + "_count", stage=stage_name, model="tiny")
-                    == 1.0
-                )
-            assert cap.value(semconv.TOKENS, model="tiny", tenant="other", type="input") == 300.0
+        cap = unsampled
+        app, _ = proxy_factory(cap)
+        async with client_factory(app) as client:
+            r = await client.post("/v1/chat/completions", json={"model": "tiny", "stream": True})
+        assert r.status_code == 200
+        assert cap.spans() == []
+        flags = int(upstream.state.seen_headers[-1]["traceparent"].rsplit("-", 1)[1], 16)
+        assert flags & 0x01 == 0  # W3C "sampled" bit off
+        for stage_name in ("gateway", "tokenizer", "router", "inference", "billing"):
+            assert (
+                cap.value(semconv.STAGE_DURATION + "_count", stage=stage_name, model="tiny") == 1.0
+            )
+        assert cap.value(semconv.TOKENS, model="tiny", tenant="other", type="input") == 300.0
