@@ -7,7 +7,8 @@ process (bare, and the chosen variant), its upstream is an in-memory transport s
 same 16 SSE chunks + usage + ``[DONE]``, and requests are driven straight through ASGI in
 alternating blocks (A B B A ...), so drift hits both alike. Figures are the event-loop
 thread's CPU per request: the request path only. The export worker's share (encoding,
-HTTP) is not in it; ``overhead.py`` measures whole processes.
+HTTP) is not in it (spans are queued and handed to no exporter); ``overhead.py`` measures
+whole processes.
 
     .venv/bin/python benchmarks/overhead_paired.py [--variant metrics|stagelens]
         [--blocks 24] [--requests 300]
@@ -148,6 +149,10 @@ def main() -> None:
     os.environ["OTEL_TRACES_SAMPLER"] = "always_off" if args.variant == "metrics" else "always_on"
     os.environ.setdefault("OTEL_SERVICE_NAME", "bench-proxy")
     os.environ.setdefault("STAGELENS_GPU_COLLECTOR", "0")
+    # Spans are recorded and queued as always; the worker exports them nowhere, because
+    # its share is off the request path (and a dead default endpoint would measure the
+    # dead-collector path instead: a full queue).
+    os.environ.setdefault("OTEL_TRACES_EXPORTER", "none")
     os.environ["BENCH_UPSTREAM"] = "http://upstream.invalid"
     path = Path(tempfile.mkdtemp(prefix="stagelens-paired-")) / "bench_proxy.py"
     path.write_text(PROXY)

@@ -16,8 +16,9 @@ Semantics follow the SDK where the instrumentation relies on them: W3C ids from
 ``OTEL_TRACES_SAMPLER`` for spans without a local parent (children of a local span follow
 it, as with the default ``parentbased_always_on``), ``set_status`` keeping OK final,
 ``record_exception`` events with the SDK's attributes, at most 128 attributes per span.
-Dropped spans are counted (``queue_full`` when the queue is at its bound, ``export_failed``
-per failed batch and exporter) and the first failure is logged once.
+Dropped spans are counted (``queue_full`` when the queue is at its bound, reported by the
+worker at its next wake so that a dead collector does not slow the request path;
+``export_failed`` per failed batch and exporter) and the first failure is logged once.
 """
 
 from __future__ import annotations
@@ -403,6 +404,9 @@ class DeferredTracerProvider(trace.TracerProvider):
         self._exporters = list(exporters)
         self._sinks = [_sink_for(e, self.resource) for e in self._exporters]
         self._count = count_dropped
+        self._full_drops = 0
+        """Spans refused by a full queue, not yet counted (see ``_report_full_drops``)."""
+        self._drops_lock = threading.Lock()
         self._max = max_queue_size
         self._batch_size = max(1, min(max_export_batch_size, max_queue_size))
         self._delay = schedule_delay_seconds
@@ -440,7 +444,10 @@ class DeferredTracerProvider(trace.TracerProvider):
         if self._stopping:
             return
         if len(queue) >= self._max:
-            self._count(REASON_QUEUE_FULL, 1)
+            # A dead collector fills the queue and every later span lands here: keep it
+            # as cheap as the append it replaces; the worker counts the drops in bulk.
+            with self._drops_lock:
+                self._full_drops += 1
             return
         queue.append(span)
         if len(queue) == self._batch_size:
@@ -463,6 +470,7 @@ class DeferredTracerProvider(trace.TracerProvider):
             # other request a handful of spans (4 POSTs per full batch, measured), and each
             # POST costs ~0.65 ms of CPU in the exporter's HTTP client.
             self._drain(full_only=by_size and not flushes and not self._stopping)
+            self._report_full_drops()
             for done in flushes:
                 done.set()
             if self._stopping:
@@ -481,6 +489,13 @@ class DeferredTracerProvider(trace.TracerProvider):
                     ok, error = False, exc
                 if not ok:
                     self._failed(len(batch), error)
+
+    def _report_full_drops(self) -> None:
+        with self._drops_lock:
+            n, self._full_drops = self._full_drops, 0
+        if n:
+            with suppress(Exception):
+                self._count(REASON_QUEUE_FULL, n)
 
     def _failed(self, n: int, error: BaseException | None) -> None:
         with suppress(Exception):
@@ -526,6 +541,8 @@ def _restart(ref: weakref.ref[DeferredTracerProvider]) -> None:
         provider._wake = threading.Event()
         provider._flushes = []
         provider._flush_lock = threading.Lock()
+        provider._drops_lock = threading.Lock()  # might have been held at fork time
+        provider._full_drops = 0
         provider._worker = provider._start_worker()
 
 

@@ -73,13 +73,19 @@ def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes])
     return key in payload and pattern.search(payload) is not None
 
 
+def _has_usage(payload: bytes) -> bool:
+    return _USAGE_KEY in payload and _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE)
+
+
 def _is_final_choice(payload: bytes) -> bool:
     """True when some choice in the event carries a finish reason (a string, not null)."""
     if _FINISH_COMPACT in payload:
         return True
-    if _FINISH_KEY not in payload or _FINISH_NULL_COMPACT in payload:
+    keys = payload.count(_FINISH_KEY)
+    if not keys:
         return False
-    return _FINISH_RE.search(payload) is not None
+    nulls = payload.count(_FINISH_NULL_COMPACT) + payload.count(_FINISH_NULL_SPACED)
+    return keys > nulls and _FINISH_RE.search(payload) is not None
 
 
 class _UpstreamCall:
@@ -216,54 +222,58 @@ class _UpstreamCall:
     def _settle(self) -> None:
         """Read the final events from the kept tail (once, when the stream ended).
 
-        Walks the tail's events backwards and stops at the first plain content event: with
+        Walks the tail's lines backwards and stops at the first plain content event: with
         one choice, the events that matter ([DONE], the usage chunk, the finish reason)
-        are all after it. They are then read in stream order, as eager parsing would.
+        are all after it. They are then taken in stream order, as eager parsing would.
         """
         if not self._lazy:
             return
         self._lazy = False
-        tail, self._buffer = self._buffer, bytearray()
-        lines = tail.split(b"\n")
-        if self._tail_cut:
-            lines = lines[1:]  # the cut left a partial line first
-        final: list[bytes] = []
+        data = bytes(self._buffer)
+        self._buffer = bytearray()
+        start = data.find(b"\n") + 1 if self._tail_cut else 0  # a cut leaves a partial line
+        final: list[tuple[bytes, bool, bool]] = []
         found_usage = False
-        for line in reversed(lines):
+        pos = len(data)
+        while pos > start:
+            newline = data.rfind(b"\n", start, pos)
+            line = data[newline + 1 if newline >= 0 else start : pos]
+            pos = newline if newline >= 0 else start
             if not line.startswith(b"data:"):
                 continue
-            payload = bytes(line[5:]).strip()
+            payload = line[5:].strip()
             if payload == _DONE:
                 self._ended = True
                 continue
             if not payload:
                 continue
             finishes = _is_final_choice(payload)
-            usage = _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE)
+            usage = _has_usage(payload)
             if not finishes and (not usage or found_usage):
                 break  # content (or an older running usage total): nothing more to learn
             found_usage = found_usage or usage
-            final.append(payload)
+            final.append((payload, finishes, usage))
             if finishes:
                 break  # the one choice's last event: all before it is content
-        for payload in reversed(final):
-            self._on_event(payload, timed=False)
+        for payload, finishes, usage in reversed(final):
+            self._take(payload, finishes, usage, timed=False)
 
-    def _on_event(self, payload: bytes, *, timed: bool = True) -> None:
-        usage_chunk = _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE) and _has(
-            payload, _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE
-        )
-        if timed and not usage_chunk:
+    def _on_event(self, payload: bytes) -> None:
+        self._take(payload, _is_final_choice(payload), _has_usage(payload), timed=True)
+
+    def _take(self, payload: bytes, finishes: bool, usage: bool, *, timed: bool) -> None:
+        """Apply one event: end of stream, time of the latest token, and what it carries."""
+        usage_only = usage and _has(payload, _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE)
+        if timed and not usage_only:
             self._last_data_ns = time.time_ns()
-        final = usage_chunk or _is_final_choice(payload)
-        if final:
+        if finishes or usage_only:
             self._ended = True
         # A recorded span gets the first event's id and model and the finish reasons; a
         # sampled-out request only needs what feeds metrics and billing (usage, timings).
-        if not self._first_seen or _USAGE_KEY in payload or (final and self._recording):
+        if not self._first_seen or usage or (finishes and self._recording):
             self._first_seen = True
             try:
-                self._absorb(json.loads(payload))
+                self._absorb(json.loads(payload.decode()))
             except ValueError:
                 return
 
