@@ -272,14 +272,14 @@ class FastHistogram:
             for value in values:
                 self._child.observe(value)
             return
-        counts: dict[int, int] = {}
+        counts = [0] * len(bounds)
         for value in values:
-            index = bisect_left(bounds, value)
-            counts[index] = counts.get(index, 0) + 1
+            counts[bisect_left(bounds, value)] += 1
         self._sum.inc(sum(values))
         buckets = self._buckets
-        for index, n in counts.items():
-            buckets[index].inc(n)
+        for index, n in enumerate(counts):
+            if n:
+                buckets[index].inc(n)
 
 
 class FastCounter:
@@ -341,6 +341,15 @@ class ModelSeries:
             found = FastHistogram(self._instruments.stage_duration.get(stage, self.model))
             self._stages[stage] = found  # a racing duplicate binds the same child: harmless
         return found
+
+    def observe_stages(self, stage_times: list[tuple[str, float]]) -> None:
+        """Record a request's (stage, seconds) pairs."""
+        stages = self._stages
+        for stage, seconds in stage_times:
+            found = stages.get(stage)
+            if found is None:
+                found = self.stage(stage)
+            found.observe(seconds)
 
     def phase(self, phase: str) -> FastHistogram:
         """``stagelens_engine_phase_duration_seconds{phase, model}``."""

@@ -352,8 +352,7 @@ class _RequestTracker:
         self._drop_closing_gaps()
         model = state.model_label
         series = telemetry.instruments.for_model(model)
-        for stage_name, seconds in state.stage_times:
-            series.stage(stage_name).observe(seconds)
+        series.observe_stages(state.stage_times)
         code_label = _CODE_LABELS.get(code) or str(code)
         duration, count = series.outcome(code_label)
         duration.observe(end - state.started_at)

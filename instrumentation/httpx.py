@@ -195,8 +195,7 @@ class _UpstreamCall:
             tail = self._buffer
             tail += chunk
             if len(tail) > _TAIL_MAX:
-                del tail[: len(tail) - _TAIL_KEEP]
-                self._tail_cut = True
+                self.trim_tail()
             if self._recording:
                 self._last_data_ns = time.time_ns()
             return
@@ -218,6 +217,12 @@ class _UpstreamCall:
                     self._on_event(payload)
         if self._first_seen and self._single_choice:
             self._lazy = True  # the first event is read: from here on, keep the tail only
+
+    def trim_tail(self) -> None:
+        """Keep the last ``_TAIL_KEEP`` bytes of the stream's tail."""
+        tail = self._buffer
+        del tail[: len(tail) - _TAIL_KEEP]
+        self._tail_cut = True
 
     def _settle(self) -> None:
         """Read the final events from the kept tail (once, when the stream ended).
@@ -480,9 +485,18 @@ class _AsyncStream(httpx.AsyncByteStream):
         self._call = call
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        call = self._call
         try:
             async for chunk in self._wrapped:
-                self._call.on_chunk(chunk)
+                if call._lazy and not call._recording:
+                    # on_chunk's hot path, inlined: this runs for every chunk of every
+                    # sampled-out stream.
+                    tail = call._buffer
+                    tail += chunk
+                    if len(tail) > _TAIL_MAX:
+                        call.trim_tail()
+                else:
+                    call.on_chunk(chunk)
                 yield chunk
         except GeneratorExit:
             self._call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
