@@ -107,7 +107,8 @@ def build_tracer_provider(
     """A deferred tracer provider with the env's Resource and sampler, exporting to
     ``exporters`` through one bounded queue. ``OTEL_SERVICE_NAME`` /
     ``OTEL_RESOURCE_ATTRIBUTES`` win over ``service_name``; ``OTEL_TRACES_SAMPLER[_ARG]`` is
-    read as the SDK reads it."""
+    read as the SDK reads it, and so are the batch processor's ``OTEL_BSP_SCHEDULE_DELAY``
+    (ms, default 1000) and ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512)."""
     resource = Resource.create({})
     if service_name and not _service_name_from_env():
         # Resource.create merges explicit attributes over the environment's, so the
@@ -119,5 +120,24 @@ def build_tracer_provider(
             )
         )
     return DeferredTracerProvider(
-        exporters, count_dropped, resource=resource, max_queue_size=max_queue_size
+        exporters,
+        count_dropped,
+        resource=resource,
+        max_queue_size=max_queue_size,
+        max_export_batch_size=_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
+        schedule_delay_seconds=_env_int("OTEL_BSP_SCHEDULE_DELAY", 1000) / 1000,
     )
+
+
+def _env_int(name: str, default: int) -> int:
+    """A positive integer from the environment; ConfigurationError names a bad one."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}: expected a positive integer, got {raw!r}") from None
+    if value < 1:
+        raise ConfigurationError(f"{name}: expected a positive integer, got {raw!r}")
+    return value

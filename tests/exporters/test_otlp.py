@@ -192,3 +192,29 @@ def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog
     templates = [r.msg for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
     assert templates  # the failure is logged ...
     assert len(templates) == len(set(templates))  # ... once per kind, not once per batch
+
+
+class TestBatchSettings:
+    """The batch span processor's standard variables shape the deferred export worker."""
+
+    def test_schedule_delay_and_batch_size_are_read(self, monkeypatch) -> None:
+        from stagelens.exporters.otlp import build_tracer_provider
+
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "250")
+        monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "64")
+        provider = build_tracer_provider([], lambda reason, n: None)
+        try:
+            assert provider._delay == 0.25
+            assert provider._batch_size == 64
+        finally:
+            provider.shutdown()
+
+    @pytest.mark.parametrize("value", ["soon", "0", "-5"])
+    def test_a_bad_value_is_refused_by_name(self, monkeypatch, value) -> None:
+        from stagelens.exporters.otlp import build_tracer_provider
+
+        from stagelens.errors import ConfigurationError
+
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", value)
+        with pytest.raises(ConfigurationError, match="OTEL_BSP_SCHEDULE_DELAY"):
+            build_tracer_provider([], lambda reason, n: None)
