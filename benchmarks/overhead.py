@@ -170,8 +170,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(module_dir: Path, module: str, port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+def proxy_env(variant: str, upstream_port: int, sink_port: int) -> dict[str, str]:
+    """The environment of the proxy process for ``variant``."""
+    return {
+        "BENCH_VARIANT": variant,
+        "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream_port}",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces",
+        "OTEL_TRACES_SAMPLER": "always_off" if variant == "metrics" else "always_on",
+        "OTEL_SERVICE_NAME": "bench-proxy",
+    }
+
+
+def serve(
+    module_dir: Path,
+    module: str,
+    port: int,
+    env: dict[str, str],
+    *,
+    prefix: tuple[str, ...] = (),
+    stderr: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """``module:app`` under uvicorn on ``port`` (``prefix``: a wrapper such as valgrind)."""
     cmd = [
+        *prefix,
         sys.executable,
         "-m",
         "uvicorn",
@@ -186,7 +207,7 @@ def serve(module_dir: Path, module: str, port: int, env: dict[str, str]) -> subp
         "--app-dir",
         str(module_dir),
     ]
-    return subprocess.Popen(cmd, env={**os.environ, **env})
+    return subprocess.Popen(cmd, env={**os.environ, **env}, stderr=stderr)
 
 
 def wait_up(url: str, timeout: float = 30) -> None:
@@ -293,14 +314,7 @@ def main() -> None:
         for r in range(args.rounds):
             for variant in variants:
                 port = free_port()
-                env = {
-                    "BENCH_VARIANT": variant,
-                    "BENCH_UPSTREAM": f"http://127.0.0.1:{up_port}",
-                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces",
-                    "OTEL_TRACES_SAMPLER": "always_off" if variant == "metrics" else "always_on",
-                    "OTEL_SERVICE_NAME": "bench-proxy",
-                }
-                proxy = serve(work, "bench_proxy", port, env)
+                proxy = serve(work, "bench_proxy", port, proxy_env(variant, up_port, sink_port))
                 try:
                     wait_up(f"http://127.0.0.1:{port}/docs")
                     rps, p50, cpu = asyncio.run(

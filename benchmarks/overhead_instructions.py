@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import re
 import shutil
 import subprocess
@@ -38,7 +37,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import PROXY, SINK, UPSTREAM, free_port, one, serve, wait_up  # one definition
+from overhead import PROXY, SINK, UPSTREAM, free_port, one, proxy_env, serve, wait_up
 
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -47,12 +46,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     """Instructions of one proxy process that served ``requests`` requests, start to exit."""
     port = free_port()
     env = {
-        **os.environ,
-        "BENCH_VARIANT": variant,
-        "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream}",
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink}/v1/traces",
-        "OTEL_TRACES_SAMPLER": "always_off" if variant == "metrics" else "always_on",
-        "OTEL_SERVICE_NAME": "bench-proxy",
+        **proxy_env(variant, upstream, sink),
         "STAGELENS_GPU_COLLECTOR": "0",
         # Under valgrind requests are ~50x slower, so the 1 s export timer would fire every
         # few requests and POST tiny batches a real-speed proxy never sends (it fills a
@@ -60,26 +54,13 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         # what is left goes out in the shutdown flush of both runs.
         "OTEL_BSP_SCHEDULE_DELAY": "3600000",
     }
-    cmd = [
+    valgrind = (
         "valgrind",
         "--tool=cachegrind",
         "--cache-sim=no",
         "--cachegrind-out-file=/dev/null",
-        sys.executable,
-        "-m",
-        "uvicorn",
-        "bench_proxy:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        "--app-dir",
-        str(work),
-    ]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    )
+    proc = serve(work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE)
     try:
         wait_up(f"http://127.0.0.1:{port}/docs", timeout=300)
 
@@ -91,7 +72,8 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         asyncio.run(drive())
     finally:
         proc.terminate()  # uvicorn shuts down cleanly: the lifespan flush runs, valgrind reports
-        _, err = proc.communicate(timeout=300)
+        _, raw = proc.communicate(timeout=300)
+    err = raw.decode(errors="replace")
     found = _IREFS.search(err)
     if found is None:
         raise SystemExit(f"no instruction count from valgrind for {variant}:\n{err[-2000:]}")

@@ -43,10 +43,10 @@ _MAX_BODY: Final = 4 * 1024 * 1024
 _NS: Final = 1_000_000_000
 _INFERENCE: Final = Stage.INFERENCE.value
 
-# SSE parsing. Each key first gets a plain ``in`` check (vLLM's compact JSON answers it
-# alone); the precompiled pattern runs only when the key is there but spaced differently,
-# as ``json.dumps`` defaults (``"usage": {``) write it. Content chunks thus cost a few
-# substring scans and no regex.
+# SSE event checks, run only on the few events that are read (see ``_settle``). Each key
+# first gets a plain ``in`` check (vLLM's compact JSON answers it alone); the precompiled
+# pattern runs only when the key is there but spaced differently, as ``json.dumps``
+# defaults (``"usage": {``) write it.
 _USAGE_KEY: Final = b'"usage"'
 _USAGE_COMPACT: Final = b'"usage":{'
 _USAGE_RE: Final = re.compile(rb'"usage"\s*:\s*\{')
