@@ -6,7 +6,9 @@ the targets are about. Instructions retired are deterministic: the same proxy, u
 requests give the same count to a fraction of a percent, so ratios of a few percent are
 measurable. For a CPU-bound proxy, throughput is inversely proportional to CPU per request,
 so ``1 / (instructions ratio)`` is the throughput ratio the instrumentation leaves
-(instructions are a proxy for time: they do not weigh cache misses or lock waits).
+(instructions are a proxy for time: they do not weigh cache misses or lock waits, and only
+user-space ones count: the kernel's socket work, a share of the bare proxy's cost, is left
+out, so the ratios are upper bounds on the overhead).
 
 The proxy of ``overhead.py`` (uvicorn, one worker, real sockets) runs under
 ``valgrind --tool=cachegrind --cache-sim=no``; the upstream (16 SSE chunks) and the OTLP
