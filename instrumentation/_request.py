@@ -19,6 +19,7 @@ from stagelens.pricing import Usage
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
+    from stagelens.instrumentation._instruments import BillingRecord
     from stagelens.instrumentation._telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
@@ -31,11 +32,12 @@ class RequestState:
 
     __slots__ = (
         "billed",
+        "billing",
         "code",
         "cost_usd",
         "disconnected",
-        "first_token_at",
         "model",
+        "phases",
         "recording",
         "rejected_by",
         "request_id",
@@ -44,6 +46,7 @@ class RequestState:
         "started_at",
         "telemetry",
         "tenant",
+        "token_times",
         "upstream_usage",
         "usage",
     )
@@ -59,14 +62,24 @@ class RequestState:
         self.usage: Usage | None = None
         self.upstream_usage: Usage | None = None
         self.billed = False
+        self.billing: BillingRecord | None = None
+        """What ``bill()`` counted, recorded with the request's other figures at its end."""
+        self.phases: list[tuple[str, float]] | None = None
+        """The engine's (phase, seconds) from the upstream response, recorded at the end."""
         self.cost_usd: float | None = None
         self.rejected_by: str | None = None
-        self.first_token_at: float | None = None
+        self.token_times: list[float] = []
+        """``perf_counter()`` of every non-empty body chunk sent to the client."""
         self.disconnected = False
         self.code: int | None = None
         self.request_id: str | None = None
         self.stage_times: list[tuple[str, float]] = []
         """(stage, seconds) recorded at request end, when the model label is known."""
+
+    @property
+    def first_token_at(self) -> float | None:
+        """When the first content byte went to the client (``perf_counter()``), or None."""
+        return self.token_times[0] if self.token_times else None
 
     @property
     def model_label(self) -> str:

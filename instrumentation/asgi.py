@@ -16,7 +16,9 @@ import asyncio
 import inspect
 import json
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
+from itertools import pairwise
 from typing import Any
 
 from opentelemetry import context, propagate, trace
@@ -169,11 +171,8 @@ class _RequestTracker:
     """Everything about one request; lives exactly as long as it."""
 
     __slots__ = (
-        "_before_last",
-        "_gaps",
-        "_last_body",
-        "_last_chunk",
         "_mw",
+        "_recent",
         "_response_done",
         "_response_started",
         "_scope",
@@ -187,12 +186,8 @@ class _RequestTracker:
         self._sse = False
         self._response_started = False
         self._response_done = False
-        self._last_chunk = 0.0
-        self._gaps: list[float] = []
-        """Inter-token gaps, recorded at the end with the request's final model label."""
-        self._last_body: bytes | None = None
-        self._before_last: bytes | None = None
-        """The last two chunks of a stream after the first (see _drop_closing_gaps)."""
+        self._recent: deque[bytes] = deque(maxlen=2)
+        """The last two chunks sent (see _inter_token_gaps)."""
         self._state: RequestState | None = None
 
     async def run(self, receive: Receive, send: Send) -> None:
@@ -278,22 +273,21 @@ class _RequestTracker:
     def _wrap_send(self, send: Send) -> Send:
         state = self._state
         assert state is not None
-        gaps = self._gaps
+        times = state.token_times
+        recent = self._recent
         perf_counter = time.perf_counter
+        if _reports_departure_by_send(self._scope):
+            send = _noting_departure(send, state)
 
-        async def wrapped_send(message: Message) -> None:
+        def wrapped_send(message: Message) -> Awaitable[None]:
+            # The hot path of a stream: a timestamp per chunk, no look at the bytes, and
+            # a plain function handing back the server's own awaitable (no coroutine of
+            # ours per message). TTFT and the inter-token gaps are worked out at the end.
             if message["type"] == "http.response.body":
                 body = message.get("body")
                 if body:
-                    # The hot path of a stream: a timestamp and no look at the bytes. The
-                    # stream's closing non-token events are told apart once, at the end.
-                    now = perf_counter()
-                    if state.first_token_at is None:
-                        state.first_token_at = now
-                    elif self._sse:
-                        gaps.append(now - self._last_chunk)
-                        self._before_last, self._last_body = self._last_body, body
-                    self._last_chunk = now
+                    times.append(perf_counter())
+                    recent.append(body)
                 if not message.get("more_body", False):
                     self._response_done = True
             elif message["type"] == "http.response.start":
@@ -302,11 +296,7 @@ class _RequestTracker:
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
                         self._sse = value.startswith(b"text/event-stream")
-            try:
-                await send(message)
-            except OSError:
-                state.disconnected = True
-                raise
+            return send(message)
 
         return wrapped_send
 
@@ -319,14 +309,19 @@ class _RequestTracker:
             if span.is_recording():
                 span.record_exception(exc)
 
-    def _drop_closing_gaps(self) -> None:
-        """Remove the gaps of the stream's closing events (the usage chunk, ``[DONE]``):
-        they are no tokens. Only the last two chunks can be such events."""
-        gaps = self._gaps
-        for body in (self._last_body, self._before_last):
-            if body is None or not gaps or _is_token_chunk(body):
-                return
+    def _inter_token_gaps(self) -> list[float]:
+        """The gaps between a stream's chunks, without those of its closing events (the
+        usage chunk, ``[DONE]``): they are no tokens. Only the last two chunks can be
+        such events. A response that is not an event stream has no gaps."""
+        times = self._state.token_times if self._state is not None else []
+        if not self._sse or len(times) < 2:
+            return []
+        gaps = [later - earlier for earlier, later in pairwise(times)]
+        for body in reversed(self._recent):
+            if not gaps or _is_token_chunk(body):
+                break
             gaps.pop()
+        return gaps
 
     def _finish(self, error: BaseException | None) -> None:
         state = self._state
@@ -349,23 +344,30 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
-        self._drop_closing_gaps()
         model = state.model_label
-        series = telemetry.instruments.for_model(model)
-        series.observe_stages(state.stage_times)
         code_label = _CODE_LABELS.get(code) or str(code)
-        duration, count = series.outcome(code_label)
-        duration.observe(end - state.started_at)
-        count.inc()
-        if state.rejected_by is not None and code >= 400:
-            telemetry.instruments.rejections.get(state.rejected_by, model, code_label).inc()
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.
-        ttft = state.first_token_at - state.started_at if state.first_token_at else None
-        if ttft is not None and code < 400:
-            series.ttft().observe(ttft)
-        if self._gaps:
-            series.itl().observe_many(self._gaps)
+        first_token_at = state.first_token_at
+        ttft = (
+            first_token_at - state.started_at if first_token_at is not None and code < 400 else None
+        )
+        try:
+            telemetry.instruments.submit(
+                (
+                    model,
+                    code_label,
+                    end - state.started_at,
+                    ttft,
+                    self._inter_token_gaps(),
+                    state.stage_times,
+                    state.phases,
+                    state.rejected_by if code >= 400 else None,
+                    state.billing,
+                )
+            )
+        except Exception as exc:
+            telemetry.report_error("metrics", exc)
         root = state.root_span
         if root.is_recording():
             route = self._scope.get("route")
@@ -374,7 +376,7 @@ class _RequestTracker:
                 root.update_name(f"{self._scope.get('method', 'GET')} {route_path}")
                 root.set_attribute("http.route", route_path)
             root.set_attribute("http.response.status_code", code)
-            if ttft is not None and code < 400:
+            if ttft is not None:
                 root.set_attribute(sc.ATTR_TTFT, ttft)
             if disconnected and not self._response_done:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
@@ -418,8 +420,49 @@ async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
     return body, replay
 
 
+_SPEC_2_4: dict[str, bool] = {}
+"""ASGI ``spec_version`` strings seen, and whether each is 2.4 or later."""
+
+
+def _reports_departure_by_send(scope: Scope) -> bool:
+    """Under ASGI spec >= 2.4 a departed client shows as a send that raises ``OSError``
+    (Starlette then stops listening on ``receive``); before 2.4, as ``http.disconnect``
+    from ``receive``, which ``wrapped_receive`` notes."""
+    spec = scope.get("asgi", {}).get("spec_version", "2.0")
+    found = _SPEC_2_4.get(spec)
+    if found is None:
+        try:
+            found = tuple(int(part) for part in str(spec).split(".")) >= (2, 4)
+        except ValueError:
+            found = True  # unknown: assume the newer behaviour (catching costs little)
+        _SPEC_2_4[spec] = found
+    return found
+
+
+def _noting_departure(send: Send, state: RequestState) -> Send:
+    """``send`` that marks the request disconnected when it raises ``OSError``, so that
+    the upstream stream closed on the way out records the client's departure."""
+
+    async def send_noting_departure(message: Message) -> None:
+        try:
+            await send(message)
+        except OSError:
+            state.disconnected = True
+            raise
+
+    return send_noting_departure
+
+
 def _is_cancellation(error: BaseException) -> bool:
-    return isinstance(error, asyncio.CancelledError | OSError)
+    """The request was cut short by the client leaving (or the server cancelling it).
+
+    A send to a departed client raises ``OSError``; frameworks may turn that into their
+    own exception raised while handling it (Starlette's ``ClientDisconnect`` under ASGI
+    spec >= 2.4), so the error's context counts too.
+    """
+    return isinstance(error, asyncio.CancelledError | OSError) or isinstance(
+        error.__context__, OSError
+    )
 
 
 def _server_attributes(scope: Scope) -> dict[str, Any]:

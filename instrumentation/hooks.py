@@ -247,11 +247,14 @@ def bill() -> float | None:
         model = state.model_label
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
-        series = telemetry.instruments.billing(model, tenant)
-        series.input.inc(usage.input_tokens)
-        series.output.inc(usage.output_tokens)
-        series.cached_input.inc(usage.cached_input_tokens)
-        series.cost.inc(cost)
+        # Counted with the request's other figures when it ends (see Instruments.submit).
+        state.billing = (
+            tenant,
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.cached_input_tokens,
+            cost,
+        )
         state.cost_usd = cost
         span = billing.span
         if span.is_recording():

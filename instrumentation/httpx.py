@@ -352,15 +352,15 @@ class _UpstreamCall:
         state, span, telemetry = self.state, self.span, self.telemetry
         if self._usage is not None and state is not None:
             state.upstream_usage = self._usage
-        model_label = state.model_label if state is not None else self.model
-        series = telemetry.instruments.for_model(model_label)
-        if state is not None:
-            state.stage_times.append((_INFERENCE, elapsed))
-        else:
-            series.stage(_INFERENCE).observe(elapsed)
         phases = self._phases()
-        for phase, seconds in phases:
-            series.phase(phase).observe(seconds)
+        if state is not None:  # recorded with the request's other figures at its end
+            state.stage_times.append((_INFERENCE, elapsed))
+            state.phases = phases
+        else:
+            series = telemetry.instruments.for_model(self.model)
+            series.stage(_INFERENCE).observe(elapsed)
+            for phase, seconds in phases:
+                series.phase(phase).observe(seconds)
         if span.is_recording():
             self._set_response_attributes(span, error)
             self._engine_spans(phases)

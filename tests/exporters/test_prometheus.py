@@ -184,3 +184,80 @@ def test_fast_histogram_ignores_nan() -> None:
     FastHistogram(child).observe(0.5)
     assert registry.get_sample_value("h_sum", {"m": "x"}) == 0.5
     assert registry.get_sample_value("h_count", {"m": "x"}) == 1.0
+
+
+def _record(model: str = "m", *, stages: list[tuple[str, float]] | None = None) -> tuple:
+    """One finished request as the middleware submits it (see ``RequestRecord``)."""
+    return (
+        model,
+        "200",
+        0.25,
+        0.05,
+        [0.01, 0.02, 0.01],
+        stages if stages is not None else [("gateway", 0.001), ("inference", 0.2)],
+        [("queue", 0.001), ("prefill", 0.04), ("decode", 0.15)],
+        None,
+        ("acme", 300, 16, 128, 0.0004),
+    )
+
+
+def test_request_records_are_folded_before_every_collection() -> None:
+    """A record is visible at the next scrape, with every series it feeds, however few
+    requests were queued."""
+    from stagelens.instrumentation._instruments import Instruments
+
+    from stagelens.config import Settings
+
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    instruments.submit(_record())
+    instruments.submit(_record())
+    assert len(instruments._pending) == 2  # fewer than FOLD_EVERY: still queued
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value(semconv.REQUESTS, model="m", code="200") == 2.0
+    assert value(f"{semconv.REQUEST_DURATION}_sum", model="m", code="200") == 0.5
+    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") == 2.0
+    assert value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 6.0
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_sum", phase="prefill", model="m") == 0.08
+    tokens = semconv.TOKENS
+    assert value(tokens, model="m", tenant="acme", type="cached_input") == 256.0
+    assert value(semconv.COST_USD, model="m", tenant="acme") == pytest.approx(0.0008)
+    assert not instruments._pending
+
+
+def test_request_records_stay_bounded_without_scrapes() -> None:
+    """Nobody scrapes: the queue is folded every FOLD_EVERY records, never grows."""
+    from stagelens.instrumentation._instruments import FOLD_EVERY, Instruments
+
+    from stagelens.config import Settings
+
+    instruments = Instruments(CollectorRegistry(), Settings())
+    most = 0
+    for _ in range(10 * FOLD_EVERY + 3):
+        instruments.submit(_record())
+        most = max(most, len(instruments._pending))
+    assert most < FOLD_EVERY
+    child = instruments.requests.get("m", "200")
+    assert child._value.get() == 10 * FOLD_EVERY  # folded without any collection
+
+
+def test_a_bad_record_is_counted_and_does_not_stop_the_others(caplog) -> None:
+    """A fold that fails never raises into the request; it is counted and logged once."""
+    from stagelens.instrumentation._instruments import Instruments
+
+    from stagelens.config import Settings
+
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    for _ in range(2):
+        instruments.submit(_record(stages=[("gateway", "not a number")]))  # type: ignore[list-item]
+        instruments.fold()
+    instruments.submit(_record())
+    errors = semconv.TELEMETRY_ERRORS
+    assert registry.get_sample_value(errors, {"component": "metrics"}) == 2.0
+    assert registry.get_sample_value(semconv.REQUESTS, {"model": "m", "code": "200"})
+    assert sum("recording request metrics failed" in r.message for r in caplog.records) == 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
+from starlette.requests import ClientDisconnect
 
 from stagelens import Rejected, semconv
 
@@ -391,6 +393,60 @@ class TestFailures:
         inference = spans["chat tiny"]
         assert inference.status.status_code is StatusCode.ERROR
         assert inference.end_time is not None
+
+    async def test_client_gone_seen_by_a_failing_send(self, cap, proxy_factory) -> None:
+        """ASGI spec 2.4: the departure shows only as a send raising OSError (Starlette
+        stops listening on receive and raises its own ClientDisconnect from it)."""
+        app, _ = proxy_factory(cap)
+        sent: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            return {
+                "type": "http.request",
+                "body": b'{"model": "tiny", "stream": true, "x_chunks": 50, "x_delay": 0.01}',
+                "more_body": False,
+            }
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                if len(sent) == 3:
+                    raise ConnectionResetError("client went away")
+                sent.append(message["body"])
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8080),
+        }
+        with pytest.raises(ClientDisconnect) as raised:
+            await asyncio.wait_for(app(scope, receive, send), timeout=10)
+        assert isinstance(raised.value.__context__, OSError)
+        assert len(sent) == 3
+        spans = _by_name(cap)
+        root = spans["POST /v1/chat/completions"]
+        assert root.status.description == "client disconnected"
+        assert root.attributes[semconv.ATTR_CLIENT_DISCONNECTED] is True
+        assert cap.value(semconv.REQUESTS, model="tiny", code="200") == 1.0  # headers went out
+        # Starlette leaves the relay generator to the event loop's finaliser, which closes
+        # the upstream stream once the generator is collected (the traceback holds it).
+        del raised
+        gc.collect()
+        for _ in range(100):
+            if "chat tiny" in _by_name(cap):
+                break
+            await asyncio.sleep(0.01)
+        inference = _by_name(cap)["chat tiny"]
+        assert inference.status.status_code is StatusCode.ERROR
+        assert "client disconnected" in (inference.status.description or "")
 
 
 class TestContentCapture:
