@@ -496,4 +496,3 @@ class BillingSeries:
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
         self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
         self.cost = FastCounter(instruments.cost.get(model, tenant))
-

@@ -21,11 +21,13 @@ read or the stream is closed (client gone, backend died), whichever is first.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import json.scanner
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Final
 
 import httpx
@@ -59,6 +61,11 @@ _FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
 _FINISH_NULL_SPACED: Final = b'"finish_reason": null'
 _FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 _DONE: Final = b"[DONE]"
+_DONE_LINE: Final = re.compile(rb"data:[ \t]*\[DONE\]")
+_DONE_WINDOW: Final = 64
+"""``[DONE]`` is the stream's last event: it is looked for in the tail's last bytes only."""
+_USAGE_AT: Final = re.compile(rb'"usage"\s*:\s*\{')
+_FINISH_AT: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 _TAIL_KEEP: Final = 16 * 1024
 _TAIL_MAX: Final = 48 * 1024
 """A stream's body is not scanned as it passes: only its last ``_TAIL_KEEP`` to
@@ -86,6 +93,41 @@ def _is_final_choice(payload: bytes) -> bool:
         return False
     nulls = payload.count(_FINISH_NULL_COMPACT) + payload.count(_FINISH_NULL_SPACED)
     return keys > nulls and _FINISH_RE.search(payload) is not None
+
+
+_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types the argument as the class
+)
+"""The JSON decoder's own scanner (C when available), as ``json.loads`` uses it."""
+
+
+def _loads(raw: bytes) -> Any:
+    """``json.loads(raw)``, in one C call for the usual case (UTF-8, no whitespace around).
+
+    Why: ``json.loads`` spends more time finding the encoding and stepping through its
+    Python layers than parsing a short event; every upstream call parses its request body
+    and its usage event. Anything unusual takes ``json.loads`` itself, same result, same
+    errors.
+    """
+    try:
+        text = raw.decode()
+        value, end = _SCAN(text, 0)
+    except (UnicodeDecodeError, StopIteration):
+        return json.loads(raw)
+    if end != len(text):
+        return json.loads(raw)  # trailing whitespace, or data after the value (refused)
+    return value
+
+
+def _line_around(data: bytearray, at: int, start: int) -> tuple[int, bytes | None]:
+    """(start offset, payload) of the SSE line holding offset ``at``; the payload is the
+    JSON after ``data:``, or None when the line is no data line."""
+    begin = data.rfind(b"\n", start, at) + 1 or start
+    end = data.find(b"\n", at)
+    line = bytes(data[begin : end if end >= 0 else len(data)])
+    if not line.startswith(b"data:"):
+        return begin, None
+    return begin, line[5:].strip()
 
 
 class _UpstreamCall:
@@ -141,17 +183,23 @@ class _UpstreamCall:
         if telemetry.settings.capture_message_content and self._recording:
             content = payload.get("messages", payload.get("prompt"))
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
-        request_id = request.headers.get(sc.HEADER_REQUEST_ID)
+        added: dict[str, str] = {}
+        present = _header_names(request.headers)
+        if present is None or _REQUEST_ID_KEY in present:
+            request_id = request.headers.get(sc.HEADER_REQUEST_ID)
+        else:
+            request_id = None
         if request_id is None:
             request_id = _mint_request_id(self.span)
-            request.headers[sc.HEADER_REQUEST_ID] = request_id
+            added[sc.HEADER_REQUEST_ID] = request_id
         if state is not None:
             state.request_id = request_id
         if self._recording:
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
-            propagate.inject(request.headers, context=trace.set_span_in_context(self.span))
+            propagate.inject(added, context=trace.set_span_in_context(self.span))
         else:
-            propagate.inject(request.headers)
+            propagate.inject(added)
+        _add_headers(request.headers, added, present)
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
         """Eager parsing: a non-streamed body, or the stream's unparsed partial line."""
@@ -227,41 +275,48 @@ class _UpstreamCall:
     def _settle(self) -> None:
         """Read the final events from the kept tail (once, when the stream ended).
 
-        Walks the tail's lines backwards and stops at the first plain content event: with
-        one choice, the events that matter ([DONE], the usage chunk, the finish reason)
-        are all after it. They are then taken in stream order, as eager parsing would.
+        With one choice, all that matters sits at the end of the stream: the last event
+        carrying usage (a running total with continuous usage stats: the last is the
+        final one), the choice's finish reason, and ``[DONE]``. Each is found by searching
+        back from the end in C (``rfind``), not by walking the lines: a quoted key cannot
+        occur inside a JSON string, where quotes are escaped. Only the usage event is
+        parsed, and the finish event too when its span is recorded (finish reasons).
         """
         if not self._lazy:
             return
         self._lazy = False
-        data = bytes(self._buffer)
+        data = self._buffer
         self._buffer = bytearray()
         start = data.find(b"\n") + 1 if self._tail_cut else 0  # a cut leaves a partial line
-        final: list[tuple[bytes, bool, bool]] = []
-        found_usage = False
-        pos = len(data)
-        while pos > start:
-            newline = data.rfind(b"\n", start, pos)
-            line = data[newline + 1 if newline >= 0 else start : pos]
-            pos = newline if newline >= 0 else start
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == _DONE:
-                self._ended = True
-                continue
-            if not payload:
-                continue
-            finishes = _is_final_choice(payload)
-            usage = _has_usage(payload)
-            if not finishes and (not usage or found_usage):
-                break  # content (or an older running usage total): nothing more to learn
-            found_usage = found_usage or usage
-            final.append((payload, finishes, usage))
-            if finishes:
-                break  # the one choice's last event: all before it is content
-        for payload, finishes, usage in reversed(final):
-            self._take(payload, finishes, usage, timed=False)
+        at = data.rfind(_DONE, max(start, len(data) - _DONE_WINDOW))
+        if at >= 0:
+            line_start = data.rfind(b"\n", start, at) + 1 or start
+            found = _DONE_LINE.match(data, line_start)
+            if found is not None and found.end() == at + len(_DONE):
+                line_end = data.find(b"\n", at)
+                rest = data[found.end() : line_end if line_end >= 0 else len(data)]
+                if not rest.strip():
+                    self._ended = True
+        usage_line = None
+        at = data.rfind(_USAGE_KEY, start)
+        while at >= 0 and _USAGE_AT.match(data, at) is None:  # "usage": null, or a value
+            at = data.rfind(_USAGE_KEY, start, at)
+        if at >= 0:
+            usage_line = _line_around(data, at, start)
+            if usage_line[1] is not None and _has(
+                usage_line[1], _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE
+            ):
+                self._ended = True  # the usage-only chunk comes after the last token
+        finish_line = None
+        at = data.rfind(_FINISH_KEY, start)
+        if at >= 0 and _FINISH_AT.match(data, at) is not None:
+            self._ended = True
+            if self._recording:
+                finish_line = _line_around(data, at, start)
+        for line in sorted({line for line in (finish_line, usage_line) if line is not None}):
+            if line[1] is not None:
+                with contextlib.suppress(ValueError):  # not JSON: nothing to learn from it
+                    self._absorb(_loads(line[1]))
 
     def _on_event(self, payload: bytes) -> None:
         self._take(payload, _is_final_choice(payload), _has_usage(payload), timed=True)
@@ -278,7 +333,7 @@ class _UpstreamCall:
         if not self._first_seen or usage or (finishes and self._recording):
             self._first_seen = True
             try:
-                self._absorb(json.loads(payload.decode()))
+                self._absorb(_loads(payload))
             except ValueError:
                 return
 
@@ -342,7 +397,7 @@ class _UpstreamCall:
         elapsed = time.perf_counter() - self._t0
         if not self.stream and self._buffer:
             try:
-                body = json.loads(bytes(self._buffer))
+                body = _loads(bytes(self._buffer))
                 if isinstance(body, dict):
                     self._absorb(body)
                     if self.telemetry.settings.capture_message_content:
@@ -444,6 +499,37 @@ def _client_attributes(
     return attributes
 
 
+_REQUEST_ID_KEY: Final = sc.HEADER_REQUEST_ID.lower().encode("ascii")
+
+
+def _header_names(headers: httpx.Headers) -> set[bytes] | None:
+    """The lower-cased names in ``headers``, read from httpx's entry list (name, lower
+    name, value); None where that list is not as expected (the public API is used then).
+
+    Why: each public lookup or assignment scans and re-encodes every header, and the first
+    one also probes the whole set for its encoding; the upstream call adds two or three
+    headers per request, which through the public API cost more than all of stagelens'
+    other work at the start of the call. Equivalence with the public API is tested.
+    """
+    entries = getattr(headers, "_list", None)
+    if type(entries) is not list or (entries and len(entries[0]) != 3):
+        return None
+    return {entry[1] for entry in entries}
+
+
+def _add_headers(headers: httpx.Headers, added: dict[str, str], present: set[bytes] | None) -> None:
+    """Set ``added`` on ``headers`` as ``headers[name] = value`` would: a new ASCII name is
+    appended to httpx's entry list, anything else goes through the public API."""
+    entries: list[tuple[bytes, bytes, bytes]] = getattr(headers, "_list", [])
+    for name, value in added.items():
+        key = name.lower().encode("ascii", "replace")
+        if present is None or key in present or not (name.isascii() and value.isascii()):
+            headers[name] = value
+        else:
+            entries.append((name.encode("ascii"), key, value.encode("ascii")))
+            present.add(key)
+
+
 def _mint_request_id(span: trace.Span) -> str:
     """``<trace-id>-<span-id>`` of the inference span when it is recorded, so that the engine
     side (the vLLM plugin) can join its spans to this trace from the request id alone;
@@ -471,7 +557,7 @@ def _start_call(telemetry: Telemetry | None, request: httpx.Request) -> _Upstrea
     if telemetry is None:
         telemetry = state.telemetry if state is not None else default_telemetry()
     try:
-        payload = json.loads(request.content or b"{}")
+        payload = _loads(request.content or b"{}")
     except (ValueError, httpx.RequestNotRead):
         payload = {}
     if not isinstance(payload, dict):

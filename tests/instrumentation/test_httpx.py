@@ -280,3 +280,92 @@ def test_several_choices_keep_every_finish_reason() -> None:
     assert call._finish_reasons == ["stop", "length", "length"]
     assert call._usage is not None
     assert call._usage.output_tokens == 6
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [
+        {},
+        {"Traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        {"X-Request-ID": "from-the-app", "Accept": "text/event-stream"},
+        [("baggage", "a=b"), ("Baggage", "c=d"), ("x-custom", "1")],
+    ],
+    ids=["none", "traceparent-present", "request-id-present", "repeated-name"],
+)
+def test_headers_added_as_the_public_api_would(existing: Any) -> None:
+    """The fast header path (httpx's entry list) leaves exactly the headers that
+    ``headers[name] = value`` would, present names replaced, others appended."""
+    from stagelens.instrumentation.httpx import _add_headers, _header_names
+
+    added = {
+        "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        sc.HEADER_REQUEST_ID: "f" * 32,
+        "baggage": "k=v",
+        "x-note": "naïve",  # not ASCII: through the public API
+    }
+    fast = httpx.Request("POST", "http://upstream/v1/chat/completions", headers=existing)
+    public = httpx.Request("POST", "http://upstream/v1/chat/completions", headers=existing)
+    present = _header_names(fast.headers)
+    assert present is not None  # the fast path is taken, not the fallback
+    _add_headers(fast.headers, added, present)
+    for name, value in added.items():
+        public.headers[name] = value
+    assert fast.headers.raw == public.headers.raw
+    assert fast.headers.multi_items() == public.headers.multi_items()
+
+
+def _content_only(n: int = 40) -> bytes:
+    """``n`` content events and no last event (no finish reason, no usage)."""
+    event = {
+        "id": "c1",
+        "choices": [{"index": 0, "delta": {"content": "t"}, "finish_reason": None}],
+    }
+    return b"".join(f"data: {json.dumps(event)}\n\n".encode() for _ in range(n))
+
+
+@pytest.mark.parametrize(
+    ("closing", "ended"),
+    [
+        (b"data: [DONE]\n\n", True),
+        (b"data:[DONE]\n\n", True),
+        (b"data: [DONE]\r\n\r\n", True),
+        (b"data: [DONE]", True),  # the connection closed right after it
+        (b"data: [DONE]x\n\n", False),
+        (b'data: {"note": "[DONE]"}\n\n', False),
+        (b"", False),
+    ],
+    ids=["spaced", "compact", "crlf", "unterminated", "trailing-garbage", "inside-json", "none"],
+)
+def test_done_ends_a_stream_only_as_its_own_event(closing: bytes, ended: bool) -> None:
+    """A stream with no finish reason and no usage ends with ``[DONE]`` only when that is
+    the whole payload of its last data line, however the line is written."""
+    for size in (1, 64, 100_000):
+        call = _parse(_content_only() + closing, size, {"model": "tiny"}, sampled=False)
+        assert call._ended is ended, size
+        assert call._usage is None
+
+
+def test_loads_is_json_loads() -> None:
+    """The one-call JSON path gives json.loads' result, and its errors, for every input."""
+    from stagelens.instrumentation.httpx import _loads
+
+    good = [
+        b'{"model": "tiny", "stream": true}',
+        b'  {"a": 1}\n',  # whitespace around: json.loads' own path
+        '{"text": "café ☕"}'.encode(),
+        '{"x": [1, 2.5, null]}'.encode("utf-16"),  # UTF-16 with BOM, as json.loads detects
+        b'{"v": NaN}',
+        b"[]",
+    ]
+    for raw in good:
+        got, want = _loads(raw), json.loads(raw)
+        assert repr(got) == repr(want), raw
+    for bad in (b'{"a": 1} trailing', b'{"a": ', b"\xff\xfe\xfa", b""):
+        errors = []
+        for parse in (json.loads, _loads):
+            try:
+                parse(bad)
+            except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+                errors.append(type(exc))
+        assert len(errors) == 2, bad
+        assert errors[0] is errors[1], bad
