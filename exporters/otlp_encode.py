@@ -4,8 +4,10 @@ Why hand-written wire encoding: the SDK's ``encode_spans`` takes ``ReadableSpan`
 and builds one protobuf object per span, attribute and value; measured for an 11-span
 request that is ~340 us (``opentelemetry-proto`` messages built directly: ~220 us), more
 than everything the request path records. Writing the protobuf wire format straight from
-the recorded fields takes ~75 us, with the encoded bytes of repeated string attributes
-(``stagelens.stage=tokenizer``, ``http.request.method=POST``) cached.
+the recorded fields takes ~50 us for a 10-span request (4.9 us per span; 8.6 us when each
+field was its own Python call), with the encoded bytes of span names, attribute keys and
+repeated string attributes (``stagelens.stage=tokenizer``, ``http.request.method=POST``)
+cached.
 
 The output decodes to the very ``ExportTraceServiceRequest`` that ``encode_spans`` builds
 for the equivalent SDK spans (``tests/exporters/test_deferred.py`` compares them field for
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, StatusCode
+from opentelemetry.trace import Link, SpanKind, StatusCode
 
 if TYPE_CHECKING:
     from stagelens.exporters.deferred import RecordedSpan
@@ -71,10 +73,14 @@ def http_client_of(exporter: SpanExporter) -> HttpClient | None:
 def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:
     """One serialized ``ExportTraceServiceRequest`` for ``batch`` under ``resource``."""
     by_scope: dict[InstrumentationScope, list[bytes]] = {}
+    last: InstrumentationScope | None = None
+    spans: list[bytes] = []
     for span in batch:
-        spans = by_scope.get(span.scope)
-        if spans is None:
-            spans = by_scope[span.scope] = []
+        scope = span._scope
+        if scope is not last:  # spans of one tracer share its scope: hash it on change only
+            found = by_scope.get(scope)
+            spans = by_scope[scope] = [] if found is None else found
+            last = scope
         spans.append(_span(span))
     scope_spans = []
     for scope, encoded in by_scope.items():
@@ -89,43 +95,70 @@ def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:
     return _ld(b"\x0a", resource_spans)  # ExportTraceServiceRequest.resource_spans = 1
 
 
+_KIND: Final = {kind: b"\x30" + bytes((kind.value + 1,)) for kind in SpanKind}
+"""Span.kind = 6, per kind (the proto enum starts at UNSPECIFIED)."""
+_names: dict[str, bytes] = {}
+"""Span.name = 5 fields, encoded once per name (stage names repeat in every trace)."""
+
+
 def _span(span: RecordedSpan) -> bytes:
-    """``ScopeSpans.spans`` (field 2): one Span message."""
-    parts = [
-        b"\x0a\x10",  # trace_id = 1, 16 bytes
-        span.trace_id.to_bytes(16, "big"),
-        b"\x12\x08",  # span_id = 2, 8 bytes
-        span.span_id.to_bytes(8, "big"),
-    ]
-    state = span.trace_state
-    if state:
-        parts.append(_ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
-    parent = span.parent_id
-    if parent is not None:
-        parts.append(b"\x22\x08")  # parent_span_id = 4
-        parts.append(parent.to_bytes(8, "big"))
-    parts.append(_ld(b"\x2a", span.name.encode()))  # name = 5
-    parts.append(b"\x30" + bytes((span.kind.value + 1,)))  # kind = 6 (proto starts UNSPECIFIED)
-    parts.append(b"\x39" + _fixed64(span.start_time))  # start_time_unix_nano = 7
-    parts.append(b"\x41" + _fixed64(span.end_time))  # end_time_unix_nano = 8
-    if span.attributes:
-        parts.append(_attributes(span.attributes, b"\x4a"))  # attributes = 9
-    for name, attributes, timestamp in span.events:  # events = 11
-        event = b"\x09" + _fixed64(timestamp) + _ld(b"\x12", name.encode())
-        parts.append(_ld(b"\x5a", event + _attributes(attributes, b"\x1a")))
-    for link in span.links:  # links = 13
-        parts.append(_ld(b"\x6a", _link(link)))
-    status = span.status
+    """``ScopeSpans.spans`` (field 2): one Span message.
+
+    Reads the span's slots directly (this module is the span's exporter) and joins the
+    fields in one call: a stage span is a handful of C calls, no Python call per field.
+    """
+    name = span._name
+    name_field = _names.get(name)
+    if name_field is None:
+        name_field = _ld(b"\x2a", name.encode())
+        if len(_names) >= _CACHE_LIMIT:
+            _names.clear()
+        _names[name] = name_field
+    parent = span._parent_id
+    state = span._trace_state
+    attributes = span._attributes
+    status = span._status
     code = status.status_code
-    if code is StatusCode.ERROR and status.description:
+    if code is StatusCode.UNSET:
+        status_field = _STATUS_UNSET
+    elif code is StatusCode.ERROR and status.description:
         message = _ld(b"\x12", status.description.encode())  # Status.message = 2
-        parts.append(_ld(b"\x7a", message + b"\x18\x02"))  # Status.code = 3
-    elif code is StatusCode.UNSET:
-        parts.append(_STATUS_UNSET)
+        status_field = _ld(b"\x7a", message + b"\x18\x02")  # Status.code = 3
     else:
-        parts.append(b"\x7a\x02\x18" + bytes((code.value,)))
-    parts.append(_FLAGS_REMOTE if span.parent_remote else _FLAGS_LOCAL)
-    return _ld(b"\x12", b"".join(parts))
+        status_field = b"\x7a\x02\x18" + bytes((code.value,))
+    body = b"".join(
+        (
+            b"\x0a\x10",  # trace_id = 1, 16 bytes
+            span._trace_id.to_bytes(16, "big"),
+            b"\x12\x08",  # span_id = 2, 8 bytes
+            span._span_id.to_bytes(8, "big"),
+            _ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()) if state else b"",
+            b"\x22\x08" + parent.to_bytes(8, "big") if parent is not None else b"",  # = 4
+            name_field,
+            _KIND[span._kind],
+            b"\x39",  # start_time_unix_nano = 7
+            _fixed64(span._start),
+            b"\x41",  # end_time_unix_nano = 8
+            _fixed64(span._end if span._end is not None else span._start),
+            _attributes(attributes, b"\x4a") if attributes else b"",  # attributes = 9
+            _events(span._events) if span._events else b"",  # events = 11
+            b"".join(_ld(b"\x6a", _link(link)) for link in span._links)  # links = 13
+            if span._links
+            else b"",
+            status_field,  # status = 15
+            _FLAGS_REMOTE if span._parent_remote else _FLAGS_LOCAL,
+        )
+    )
+    n = len(body)
+    return b"\x12" + (bytes((n,)) if n < 0x80 else _varint(n)) + body
+
+
+def _events(events: Sequence[tuple[str, Mapping[str, Any], int]]) -> bytes:
+    out = []
+    for name, attributes, timestamp in events:
+        event = b"\x09" + _fixed64(timestamp) + _ld(b"\x12", name.encode())
+        out.append(_ld(b"\x5a", event + _attributes(attributes, b"\x1a")))
+    return b"".join(out)
 
 
 def _link(link: Link) -> bytes:
@@ -136,13 +169,19 @@ def _link(link: Link) -> bytes:
     return body + b"\x35" + _fixed32(0x300 if ctx.is_remote else 0x100)  # Link.flags = 6
 
 
+_keys: dict[str, bytes] = {}
+"""KeyValue.key = 1 fields, encoded once per attribute name."""
+
+
 def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
-    """Repeated ``KeyValue`` under ``tag``; string pairs come from a bounded cache."""
+    """Repeated ``KeyValue`` under ``tag``; string pairs come from a bounded cache, and
+    numbers and booleans are written inline (no Python call per attribute)."""
     if not attributes:
         return b""
     out = []
     for key, value in attributes.items():
-        if type(value) is str:
+        kind = type(value)
+        if kind is str:
             cache_key = (key, value, tag)
             encoded = _cached_pairs.get(cache_key)
             if encoded is None:
@@ -153,9 +192,27 @@ def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
                 _cached_pairs[cache_key] = encoded
             out.append(encoded)
             continue
-        other = _value(value)
-        if other is not None:
-            out.append(_ld(tag, _ld(b"\x0a", key.encode()) + _ld(b"\x12", other)))
+        key_field = _keys.get(key)
+        if key_field is None:
+            key_field = _ld(b"\x0a", key.encode())
+            if len(_keys) >= _CACHE_LIMIT:
+                _keys.clear()
+            _keys[key] = key_field
+        if kind is float:  # AnyValue.double_value = 4: 9 bytes, KeyValue.value = 2
+            pair = key_field + b"\x12\x09\x21" + _double(value)
+        elif kind is int and 0 <= value < 0x80:  # int_value = 3, one varint byte
+            pair = key_field + b"\x12\x02\x18" + bytes((value,))
+        elif kind is int and 0 <= value < 0x4000:  # two varint bytes (ports, codes, tokens)
+            pair = key_field + b"\x12\x03\x18" + bytes(((value & 0x7F) | 0x80, value >> 7))
+        elif kind is bool:  # bool_value = 2
+            pair = key_field + (b"\x12\x02\x10\x01" if value else b"\x12\x02\x10\x00")
+        else:
+            other = _value(value)
+            if other is None:
+                continue
+            pair = key_field + _ld(b"\x12", other)
+        n = len(pair)
+        out.append(tag + (bytes((n,)) if n < 0x80 else _varint(n)) + pair)
     return b"".join(out)
 
 

@@ -18,7 +18,8 @@ import json
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from itertools import pairwise
+from itertools import islice
+from operator import sub
 from typing import Any
 
 from opentelemetry import context, propagate, trace
@@ -316,7 +317,7 @@ class _RequestTracker:
         times = self._state.token_times if self._state is not None else []
         if not self._sse or len(times) < 2:
             return []
-        gaps = [later - earlier for earlier, later in pairwise(times)]
+        gaps = list(map(sub, islice(times, 1, None), times))  # in C: later - earlier
         for body in reversed(self._recent):
             if not gaps or _is_token_chunk(body):
                 break

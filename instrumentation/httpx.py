@@ -573,17 +573,19 @@ class _AsyncStream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
         try:
-            async for chunk in self._wrapped:
-                if call._lazy and not call._recording:
-                    # on_chunk's hot path, inlined: this runs for every chunk of every
-                    # sampled-out stream.
-                    tail = call._buffer
+            if call._lazy and not call._recording:
+                # A sampled-out stream keeps its tail and nothing else, from the first
+                # chunk to the last: on_chunk's hot path, inlined, with no check per chunk.
+                tail, limit = call._buffer, _TAIL_MAX
+                async for chunk in self._wrapped:
                     tail += chunk
-                    if len(tail) > _TAIL_MAX:
-                        call.trim_tail()
-                else:
+                    if len(tail) > limit:
+                        call.trim_tail()  # in place: ``tail`` stays the buffer
+                    yield chunk
+            else:
+                async for chunk in self._wrapped:
                     call.on_chunk(chunk)
-                yield chunk
+                    yield chunk
         except GeneratorExit:
             self._call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
             raise

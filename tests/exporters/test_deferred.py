@@ -359,8 +359,9 @@ def test_forked_child_exports_through_a_new_worker(tmp_path) -> None:
 
 
 def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
-    """Trace state, two scopes, negative and huge ints, bytes, unicode, empty strings,
-    long (multi-byte length) values and an ERROR without description."""
+    """Trace state, two scopes, ints on each side of the varint lengths, negative and huge
+    ints, bytes, unicode, empty strings, long (multi-byte length) values and keys and an
+    ERROR without description."""
     from opentelemetry.trace import TraceState
 
     provider, _, _ = memory
@@ -382,6 +383,11 @@ def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
                 "floats": [0.1, -2.5],
                 "bools": (True, False),
                 "unicode": "日本",
+                **{f"int{n}": n for n in (0, 127, 128, 300, 0x3FFF, 0x4000, 2**32)},
+                "float": 0.25,
+                "true": True,
+                "false": False,
+                "k" * 200: 1.5,  # a pair longer than 127 bytes
             }
         )
         span.set_status(StatusCode.ERROR)
