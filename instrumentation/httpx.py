@@ -28,6 +28,7 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from time import time_ns
 from typing import Any, Final
 
 import httpx
@@ -572,20 +573,31 @@ class _AsyncStream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
+        chunks = aiter(self._wrapped)
         try:
-            if call._lazy and not call._recording:
-                # A sampled-out stream keeps its tail and nothing else, from the first
-                # chunk to the last: on_chunk's hot path, inlined, with no check per chunk.
-                tail, limit = call._buffer, _TAIL_MAX
-                async for chunk in self._wrapped:
-                    tail += chunk
-                    if len(tail) > limit:
-                        call.trim_tail()  # in place: ``tail`` stays the buffer
-                    yield chunk
-            else:
-                async for chunk in self._wrapped:
+            if not call._lazy:  # until the first event is read (recorded), or to the end
+                async for chunk in chunks:
                     call.on_chunk(chunk)
                     yield chunk
+                    if call._lazy:
+                        break
+            if call._lazy:
+                # From here on a stream only keeps its tail (and, recorded, the time of its
+                # latest chunk): on_chunk's hot path inlined, with no check per chunk.
+                tail, limit = call._buffer, _TAIL_MAX
+                if call._recording:
+                    async for chunk in chunks:
+                        tail += chunk
+                        if len(tail) > limit:
+                            call.trim_tail()  # in place: ``tail`` stays the buffer
+                        call._last_data_ns = time_ns()
+                        yield chunk
+                else:
+                    async for chunk in chunks:
+                        tail += chunk
+                        if len(tail) > limit:
+                            call.trim_tail()
+                        yield chunk
         except GeneratorExit:
             self._call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
             raise

@@ -41,7 +41,8 @@ METRICS = {"queue_time_ms": 1.0, "time_to_first_token_ms": 5.0, "generation_time
 def _spaced_upstream() -> Starlette:
     """Streams ``x_chunks`` content chunks in ``json.dumps`` default spacing, then (unless
     ``x_no_final``) the usage chunk and, after ``x_done_delay`` s, ``[DONE]``; with
-    ``x_die_after`` it raises after that many chunks, so the server drops the connection."""
+    ``x_die_after`` it raises after that many chunks, so the server drops the connection;
+    ``x_sleep`` s between content chunks (default 5 ms)."""
 
     async def chat(request: Request) -> Response:
         body = await request.json()
@@ -65,7 +66,7 @@ def _spaced_upstream() -> Starlette:
                     ],
                 }
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(float(body.get("x_sleep", 0.005)))
             if body.get("x_no_final"):
                 return
             final = {"id": "chatcmpl-spaced", "choices": [], "usage": USAGE, "metrics": METRICS}
@@ -98,10 +99,16 @@ def spaced_url(port_factory: Any) -> Iterator[str]:
 
 
 async def _stream(
-    cap: TelemetryCapture, url: str, *, stop_when: bytes | None = None, **knobs: Any
+    cap: TelemetryCapture,
+    url: str,
+    *,
+    stop_when: bytes | None = None,
+    sampled: bool = True,
+    **knobs: Any,
 ) -> tuple[bytes, Any]:
     """POST a streamed chat request; read until ``stop_when`` is seen (then close the
-    response without draining it) or to the end. Returns (bytes read, inference span)."""
+    response without draining it) or to the end. Returns (bytes read, inference span or
+    None when ``sampled`` is False)."""
     client = httpx.AsyncClient(base_url=url, timeout=10)
     instrument_httpx_client(client, telemetry=cap.telemetry)
     body = {"model": "tiny", "stream": True, "messages": [], **knobs}
@@ -115,8 +122,8 @@ async def _stream(
         except httpx.HTTPError:
             pass
     spans = [s for s in cap.spans() if s.name == "chat tiny"]
-    assert len(spans) == 1
-    return seen, spans[0]
+    assert len(spans) == (1 if sampled else 0)
+    return seen, spans[0] if spans else None
 
 
 class TestSpacedJson:
@@ -140,6 +147,36 @@ class TestSpacedJson:
         }
         assert phases == {"queue", "prefill", "decode"}
         assert cap.value(sc.ENGINE_PHASE_DURATION + "_count", phase="decode", model="tiny") == 1
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["traced", "sampled-out"])
+async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: bool) -> None:
+    """Through a real client and socket, a stream several times the kept tail still yields
+    its usage and engine timings at the end, traced or sampled out."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    from stagelens.instrumentation._telemetry import Telemetry
+    from stagelens.instrumentation.httpx import _TAIL_MAX
+
+    if not sampled:
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(sampler=ALWAYS_OFF)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        telemetry = Telemetry(tracer_provider=provider, registry=cap.registry)
+        cap = TelemetryCapture(telemetry, exporter)
+    seen, span = await _stream(cap, spaced_url, sampled=sampled, x_chunks=1500, x_sleep=0)
+    assert len(seen) > 3 * _TAIL_MAX
+    assert seen.endswith(b"data: [DONE]\n\n")
+    decode = cap.value(sc.ENGINE_PHASE_DURATION + "_sum", phase="decode", model="tiny")
+    assert decode == METRICS["generation_time_ms"] / 1000
+    inference = cap.value(sc.STAGE_DURATION + "_count", stage="inference", model="tiny")
+    assert inference == 1.0
+    if sampled:
+        assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
+        assert span.attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] == ("length",)
+        assert span.status.status_code is StatusCode.UNSET
 
 
 class TestStreamEndings:
