@@ -108,12 +108,7 @@ def _span(span: RecordedSpan) -> bytes:
     fields in one call: a stage span is a handful of C calls, no Python call per field.
     """
     name = span._name
-    name_field = _names.get(name)
-    if name_field is None:
-        name_field = _ld(b"\x2a", name.encode())
-        if len(_names) >= _CACHE_LIMIT:
-            _names.clear()
-        _names[name] = name_field
+    name_field = _names.get(name) or _remember(_names, name, _ld(b"\x2a", name.encode()))
     parent = span._parent_id
     state = span._trace_state
     attributes = span._attributes
@@ -186,18 +181,11 @@ def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
             encoded = _cached_pairs.get(cache_key)
             if encoded is None:
                 text = _ld(b"\x0a", value.encode())
-                encoded = _ld(tag, _ld(b"\x0a", key.encode()) + _ld(b"\x12", text))
-                if len(_cached_pairs) >= _CACHE_LIMIT:
-                    _cached_pairs.clear()
-                _cached_pairs[cache_key] = encoded
+                pair = _ld(b"\x0a", key.encode()) + _ld(b"\x12", text)
+                encoded = _remember(_cached_pairs, cache_key, _ld(tag, pair))
             out.append(encoded)
             continue
-        key_field = _keys.get(key)
-        if key_field is None:
-            key_field = _ld(b"\x0a", key.encode())
-            if len(_keys) >= _CACHE_LIMIT:
-                _keys.clear()
-            _keys[key] = key_field
+        key_field = _keys.get(key) or _remember(_keys, key, _ld(b"\x0a", key.encode()))
         if kind is float:  # AnyValue.double_value = 4: 9 bytes, KeyValue.value = 2
             pair = key_field + b"\x12\x09\x21" + _double(value)
         elif kind is int and 0 <= value < 0x80:  # int_value = 3, one varint byte
@@ -214,6 +202,14 @@ def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
         n = len(pair)
         out.append(tag + (bytes((n,)) if n < 0x80 else _varint(n)) + pair)
     return b"".join(out)
+
+
+def _remember(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
+    """Store ``encoded`` under ``key`` in a bounded cache (cleared when full); return it."""
+    if len(cache) >= _CACHE_LIMIT:
+        cache.clear()
+    cache[key] = encoded
+    return encoded
 
 
 def _value(value: Any) -> bytes | None:

@@ -49,9 +49,9 @@ SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
 
 STATUS_CLIENT_CLOSED = 499
+"""``code`` label for a request whose client went away before any response was sent."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
-"""``code`` label for a request whose client went away before any response was sent."""
 _DONE = b"data: [DONE]"
 _EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
 """An SSE event with no choices carries only usage: it is not a token, so not an ITL gap."""

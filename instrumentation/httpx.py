@@ -508,9 +508,9 @@ def _header_names(headers: httpx.Headers) -> set[bytes] | None:
     name, value); None where that list is not as expected (the public API is used then).
 
     Why: each public lookup or assignment scans and re-encodes every header, and the first
-    one also probes the whole set for its encoding; the upstream call adds two or three
-    headers per request, which through the public API cost more than all of stagelens'
-    other work at the start of the call. Equivalence with the public API is tested.
+    one also probes the whole set for its encoding; the upstream call reads one name and adds
+    two or three headers per request, which through the public API cost about as much as
+    the rest of the call's start. Equivalence with the public API is tested.
     """
     entries = getattr(headers, "_list", None)
     if type(entries) is not list or (entries and len(entries[0]) != 3):
