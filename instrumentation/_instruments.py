@@ -258,19 +258,22 @@ class Instruments:
                 pending.popleft()
             )
             series = for_model(model)
-            request_duration, requests = series.outcome(code)
+            # Bound series are read straight from the ModelSeries (a method call binds the
+            # first one): this loop runs once per request.
+            request_duration, requests = series._outcomes.get(code) or series.outcome(code)
             observed[request_duration].append(duration)
             added[requests] += 1
             if ttft is not None:
-                observed[series.ttft()].append(ttft)
+                observed[series._ttft or series.ttft()].append(ttft)
             if gaps:
-                observed[series.itl()] += gaps
+                observed[series._itl or series.itl()] += gaps
             bound = series._stages
             for stage, seconds in stages:
                 observed[bound.get(stage) or series.stage(stage)].append(seconds)
             if phases:
+                bound = series._phases
                 for phase, seconds in phases:
-                    observed[series.phase(phase)].append(seconds)
+                    observed[bound.get(phase) or series.phase(phase)].append(seconds)
             if rejected_by is not None:
                 self.rejections.get(rejected_by, model, code).inc()
             if billed is not None:
