@@ -160,8 +160,12 @@ class RecordedSpan(trace.Span):
             attributes[key] = value
 
     def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
-        for key, value in attributes.items():
-            self.set_attribute(key, value)
+        if self._end is not None:
+            return
+        mine = self._attributes
+        for key, value in attributes.items():  # set_attribute's checks, without a call each
+            if value is not None and (len(mine) < MAX_ATTRIBUTES or key in mine):
+                mine[key] = value
 
     def add_event(
         self, name: str, attributes: Attributes = None, timestamp: int | None = None

@@ -396,3 +396,27 @@ def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
     ours = ExportTraceServiceRequest.FromString(encode_request(spans, RESOURCE))
     assert ours == encode_spans([s.readable(RESOURCE) for s in spans])
     assert len(ours.resource_spans[0].scope_spans) == 2
+
+
+def test_attributes_are_bounded_like_the_sdks(memory) -> None:
+    """At most MAX_ATTRIBUTES per span whichever call sets them; a present key can still
+    change, None is skipped, and an ended span changes no more."""
+    from stagelens.exporters.deferred import MAX_ATTRIBUTES
+
+    provider, _, _ = memory
+    span = provider.get_tracer("t").start_span("s")
+    span.set_attributes({f"a{i}": i for i in range(MAX_ATTRIBUTES - 2)})
+    span.set_attributes({"b0": 0, "b1": None, "b2": 2, "b3": 3})
+    span.set_attribute("c", 1)
+    span.set_attributes({"a0": "changed"})
+    attributes = span.attributes
+    assert len(attributes) == MAX_ATTRIBUTES
+    assert "b1" not in attributes
+    assert "b3" not in attributes  # over the bound
+    assert "c" not in attributes
+    assert attributes["a0"] == "changed"
+    span.end()
+    span.set_attributes({"a1": "late"})
+    span.set_attribute("a2", "late")
+    assert attributes["a1"] == 1
+    assert attributes["a2"] == 2
