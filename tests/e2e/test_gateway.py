@@ -46,6 +46,26 @@ def _trace_of(capture: Any, response_id: str) -> list[Any]:
         time.sleep(0.02)
 
 
+def _requests_seen(capture: Any) -> float:
+    """Requests the gateway has accounted for, every model and code together."""
+    return sum(
+        sample.value
+        for metric in capture.registry.collect()
+        for sample in metric.samples
+        if sample.name == semconv.REQUESTS
+    )
+
+
+def _accounted(capture: Any, target: float) -> None:
+    """Wait until ``target`` requests are accounted: the gateway records a request when it
+    ends, just after the last byte reached the client (a streamed answer's task group is
+    still closing then), as ``_trace_of`` waits for its root span."""
+    deadline = time.monotonic() + 5
+    while _requests_seen(capture) < target:
+        assert time.monotonic() < deadline, "the requests were never accounted"
+        time.sleep(0.02)
+
+
 def _headers(gateway: Any) -> dict[str, str]:
     return {"authorization": f"Bearer {gateway.api_key}"}
 
@@ -126,6 +146,7 @@ class TestMetrics:
 
         before = {k: tokens(k) for k in ("input", "output", "cached_input")}
         cost_before = cap.value(semconv.COST_USD, **labels) or 0.0
+        seen = _requests_seen(cap)
         total = Usage()
         with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
             for i in range(4):
@@ -151,6 +172,7 @@ class TestMetrics:
                     total.output_tokens + usage["completion_tokens"],
                     total.cached_input_tokens + cached,
                 )
+        _accounted(cap, seen + 4)
         assert tokens("input") - before["input"] == total.input_tokens
         assert tokens("output") - before["output"] == total.output_tokens
         assert tokens("cached_input") - before["cached_input"] == total.cached_input_tokens
@@ -168,9 +190,12 @@ class TestMetrics:
         body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": prompt}]}
         labels = {"model": "tiny", "tenant": "demo", "type": "cached_input"}
         with httpx.Client(base_url=gateway.url, headers=_headers(gateway), timeout=120) as c:
+            seen = _requests_seen(cap)
             first = c.post("/v1/chat/completions", json=body).json()["usage"]
+            _accounted(cap, seen + 1)
             before = cap.value(semconv.TOKENS, **labels) or 0.0
             second = c.post("/v1/chat/completions", json=body).json()["usage"]
+            _accounted(cap, seen + 2)
         assert first["prompt_tokens"] > 300
         cached = second["prompt_tokens_details"]["cached_tokens"]
         assert cached > 0
@@ -541,6 +566,7 @@ class TestStreams:
         cap = gateway.capture
         labels = {"stage": "inference", "model": "tiny", "code": "400"}
         before = cap.value(semconv.REJECTIONS, **labels) or 0.0
+        seen = _requests_seen(cap)
         body = {
             "model": "tiny",
             "max_tokens": 8,
@@ -555,6 +581,7 @@ class TestStreams:
         error = r.json()["error"]
         assert error["code"] == "upstream_rejected"
         assert "top_p" in error["message"]
+        _accounted(cap, seen + 1)
         assert cap.value(semconv.REJECTIONS, **labels) - before == 1.0
 
     def test_client_disconnect_aborts_the_generation_and_is_billed(
@@ -642,6 +669,7 @@ class TestTenantsAndAdmission:
         cap = gw.capture
         labels = {"stage": "router", "model": "tiny", "code": "503"}
         before = cap.value(semconv.REJECTIONS, **labels) or 0.0
+        seen = _requests_seen(cap)
         body = {
             "model": "tiny",
             "max_tokens": 1900,  # holds the slot far longer than the 0.2 s admission wait
@@ -667,6 +695,7 @@ class TestTenantsAndAdmission:
         assert set(statuses) == {200, 503}, statuses
         refused = [r for r in answers if r.status_code == 503]
         assert all(r.json()["error"]["code"] == "admission_timeout" for r in refused)
+        _accounted(cap, seen + len(answers))
         assert cap.value(semconv.REJECTIONS, **labels) - before == len(refused)
 
 
