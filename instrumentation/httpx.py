@@ -21,13 +21,13 @@ read or the stream is closed (client gone, backend died), whichever is first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import json.scanner
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from time import time_ns
 from typing import Any, Final
 
@@ -45,6 +45,13 @@ _MAX_BODY: Final = 4 * 1024 * 1024
 """Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""
 _NS: Final = 1_000_000_000
 _INFERENCE: Final = Stage.INFERENCE.value
+_PHASE_KEYS: Final = (
+    (sc.PHASE_QUEUE, "queue_time_ms"),
+    (sc.PHASE_PREFILL, "time_to_first_token_ms"),
+    (sc.PHASE_DECODE, "generation_time_ms"),
+)
+"""The engine phases and the per-request metric of vLLM's response that times each."""
+_NUMBER: Final = (int, float)
 
 # SSE event checks, run only on the few events that are read (see ``_settle``). Each key
 # first gets a plain ``in`` check (vLLM's compact JSON answers it alone); the precompiled
@@ -314,10 +321,21 @@ class _UpstreamCall:
             self._ended = True
             if self._recording:
                 finish_line = _line_around(data, at, start)
-        for line in sorted({line for line in (finish_line, usage_line) if line is not None}):
-            if line[1] is not None:
-                with contextlib.suppress(ValueError):  # not JSON: nothing to learn from it
-                    self._absorb(_loads(line[1]))
+        if finish_line is None or finish_line == usage_line:
+            lines: tuple[tuple[int, bytes | None] | None, ...] = (usage_line,)
+        elif usage_line is None:
+            lines = (finish_line,)
+        elif finish_line < usage_line:  # in stream order: the later event's usage wins
+            lines = (finish_line, usage_line)
+        else:
+            lines = (usage_line, finish_line)
+        for line in lines:
+            if line is None or line[1] is None:
+                continue
+            try:  # not contextlib.suppress: a context manager costs more than the parse
+                self._absorb(_loads(line[1]))
+            except ValueError:
+                continue  # not JSON: nothing to learn from it
 
     def _on_event(self, payload: bytes) -> None:
         self._take(payload, _is_final_choice(payload), _has_usage(payload), timed=True)
@@ -427,14 +445,10 @@ class _UpstreamCall:
         if not engine:
             return []
         out = []
-        for phase, key in (
-            (sc.PHASE_QUEUE, "queue_time_ms"),
-            (sc.PHASE_PREFILL, "time_to_first_token_ms"),
-            (sc.PHASE_DECODE, "generation_time_ms"),
-        ):
+        for phase, key in _PHASE_KEYS:
             value = engine.get(key)
-            if isinstance(value, int | float) and value >= 0:
-                out.append((phase, float(value) / 1000.0))
+            if isinstance(value, _NUMBER) and value >= 0:
+                out.append((phase, value / 1000.0))
         return out
 
     def _engine_spans(self, phases: list[tuple[str, float]]) -> None:
@@ -566,6 +580,42 @@ def _start_call(telemetry: Telemetry | None, request: httpx.Request) -> _Upstrea
     return _UpstreamCall(telemetry, state, payload, operation, request)
 
 
+def _httpx_relay() -> tuple[Any, Any]:
+    """httpx's ``AsyncResponseStream`` and ``map_httpcore_exceptions`` (None, None when a
+    future httpx moves them)."""
+    try:
+        from httpx._transports import default
+    except ImportError:  # pragma: no cover - depends on the installed httpx
+        return None, None
+    stream_type = getattr(default, "AsyncResponseStream", None)
+    mapping = getattr(default, "map_httpcore_exceptions", None)
+    if not isinstance(stream_type, type) or not callable(mapping):
+        return None, None  # pragma: no cover - depends on the installed httpx
+    return stream_type, mapping
+
+
+_HTTPX_STREAM, _HTTPX_EXCEPTIONS = _httpx_relay()
+
+
+def _source_of(
+    stream: httpx.AsyncByteStream,
+) -> tuple[AsyncIterable[bytes], Callable[[], AbstractContextManager[Any]]]:
+    """What to iterate for ``stream``'s chunks, and the context to iterate it in.
+
+    Why: httpx's default transport answers with an ``AsyncResponseStream`` that only relays
+    httpcore's stream inside ``map_httpcore_exceptions()``, one async generator step per
+    chunk. Iterating httpcore's stream inside that same context gives the same chunks and
+    the same exceptions one step sooner, so wrapping the body adds no step per chunk (an
+    async generator step costs about as much as the rest of the wrapper's work). Any
+    other stream, or a future httpx that changes these, is iterated as it is.
+    """
+    if _HTTPX_STREAM is not None and type(stream) is _HTTPX_STREAM:
+        inner: Any = getattr(stream, "_httpcore_stream", None)
+        if hasattr(inner, "__aiter__"):
+            return inner, _HTTPX_EXCEPTIONS
+    return stream, nullcontext
+
+
 class _AsyncStream(httpx.AsyncByteStream):
     def __init__(self, wrapped: httpx.AsyncByteStream, call: _UpstreamCall) -> None:
         self._wrapped = wrapped
@@ -573,31 +623,33 @@ class _AsyncStream(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
-        chunks = aiter(self._wrapped)
+        source, exceptions_mapped = _source_of(self._wrapped)
+        chunks = aiter(source)
         try:
-            if not call._lazy:  # until the first event is read (recorded), or to the end
-                async for chunk in chunks:
-                    call.on_chunk(chunk)
-                    yield chunk
-                    if call._lazy:
-                        break
-            if call._lazy:
-                # From here on a stream only keeps its tail (and, recorded, the time of its
-                # latest chunk): on_chunk's hot path inlined, with no check per chunk.
-                tail, limit = call._buffer, _TAIL_MAX
-                if call._recording:
+            with exceptions_mapped():
+                if not call._lazy:  # until the first event is read (recorded), or to the end
                     async for chunk in chunks:
-                        tail += chunk
-                        if len(tail) > limit:
-                            call.trim_tail()  # in place: ``tail`` stays the buffer
-                        call._last_data_ns = time_ns()
+                        call.on_chunk(chunk)
                         yield chunk
-                else:
-                    async for chunk in chunks:
-                        tail += chunk
-                        if len(tail) > limit:
-                            call.trim_tail()
-                        yield chunk
+                        if call._lazy:
+                            break
+                if call._lazy:
+                    # From here on a stream only keeps its tail (and, recorded, the time of
+                    # its latest chunk): on_chunk's hot path inlined, no check per chunk.
+                    tail, limit = call._buffer, _TAIL_MAX
+                    if call._recording:
+                        async for chunk in chunks:
+                            tail += chunk
+                            if len(tail) > limit:
+                                call.trim_tail()  # in place: ``tail`` stays the buffer
+                            call._last_data_ns = time_ns()
+                            yield chunk
+                    else:
+                        async for chunk in chunks:
+                            tail += chunk
+                            if len(tail) > limit:
+                                call.trim_tail()
+                            yield chunk
         except GeneratorExit:
             self._call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
             raise

@@ -219,6 +219,42 @@ class TestStreamEndings:
         assert span.attributes[sc.ERROR_TYPE] == "incomplete_stream"
 
 
+async def test_the_default_transports_stream_is_read_from_httpcore(cap, spaced_url) -> None:
+    """Behind httpx's default transport the wrapper reads httpcore's stream itself, in
+    httpx's exception mapping: the same chunks, and a backend dying still surfaces as
+    httpx's exception (never httpcore's) to the caller and on the span."""
+    from stagelens.instrumentation.httpx import _AsyncStream, _source_of
+
+    client = httpx.AsyncClient(base_url=spaced_url, timeout=10)
+    instrument_httpx_client(client, telemetry=cap.telemetry)
+    body = {"model": "tiny", "stream": True, "messages": [], "x_chunks": 20, "x_die_after": 3}
+    async with client, client.stream("POST", "/v1/chat/completions", json=body) as r:
+        ours = r.stream._stream  # httpx binds the transport's stream to the response
+        assert isinstance(ours, _AsyncStream)
+        inner = ours._wrapped
+        assert _source_of(inner)[0] is inner._httpcore_stream
+        seen = b""
+        with pytest.raises(httpx.RemoteProtocolError):
+            async for chunk in r.aiter_raw():
+                seen += chunk
+    assert seen.count(b"data: ") == 3
+    (span,) = [s for s in cap.spans() if s.name == "chat tiny"]
+    assert span.status.status_code is StatusCode.ERROR
+    (event,) = span.events
+    assert event.attributes is not None
+    assert "httpx" in str(event.attributes["exception.stacktrace"]).split("\n")[-2]
+
+
+def test_other_streams_are_read_as_they_are() -> None:
+    from stagelens.instrumentation.httpx import _source_of
+
+    stream = httpx.ByteStream(b"data: [DONE]\n\n")
+    source, context = _source_of(stream)
+    assert source is stream
+    with context():
+        pass
+
+
 def _vllm_like_stream(
     *, spaced: bool, content: int = 5, running_usage: bool = False, choices: int = 1
 ) -> bytes:
