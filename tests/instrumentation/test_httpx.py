@@ -233,16 +233,20 @@ async def test_the_default_transports_stream_is_read_from_httpcore(cap, spaced_u
         assert isinstance(ours, _AsyncStream)
         inner = ours._wrapped
         assert _source_of(inner)[0] is inner._httpcore_stream
-        seen = b""
+        seen: list[bytes] = []
         with pytest.raises(httpx.RemoteProtocolError):
-            async for chunk in r.aiter_raw():
-                seen += chunk
-    assert seen.count(b"data: ") == 3
+            await _read_into(seen, r)
+    assert b"".join(seen).count(b"data: ") == 3
     (span,) = [s for s in cap.spans() if s.name == "chat tiny"]
     assert span.status.status_code is StatusCode.ERROR
     (event,) = span.events
     assert event.attributes is not None
     assert "httpx" in str(event.attributes["exception.stacktrace"]).split("\n")[-2]
+
+
+async def _read_into(seen: list[bytes], response: httpx.Response) -> None:
+    async for chunk in response.aiter_raw():
+        seen.append(chunk)
 
 
 def test_other_streams_are_read_as_they_are() -> None:
