@@ -9,6 +9,8 @@ Variants (each its own uvicorn process, one worker, same proxy code):
              the request path, BatchSpanProcessor, SDK OTLP encoding): what the deferred
              tracer that configure() builds saves
   otel       opentelemetry-instrumentation-fastapi + -httpx (the generic peer), same sink
+  floor      (only with --variants) capture_floor.py: the least work that captures the
+             figures of the metrics, nothing recorded; the yardstick for the targets
 
 The upstream streams 16 SSE chunks per response (vLLM's shape, no engine). Variants are run
 in interleaved rounds (A B C D A B C D ...) so machine drift hits all alike; each round
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -106,6 +109,14 @@ PROXY = textwrap.dedent(
         telemetry = stagelens.configure(tracer_provider=sdk_provider)
         if not os.environ.get("BENCH_NO_HTTPX"):
             stagelens.instrument_httpx_client(client, telemetry=telemetry)
+    elif VARIANT == "floor":
+        import capture_floor
+        stage = capture_floor.stage
+
+        class Stage:
+            TOKENIZER, ROUTER, POSTPROCESS = "tokenizer", "router", "postprocess"
+
+        client._transport = capture_floor.Transport(client._transport)
     else:
         from contextlib import nullcontext as _null
 
@@ -145,7 +156,9 @@ PROXY = textwrap.dedent(
 
     _noop = _Noop()
 
-    if VARIANT in ("stagelens", "metrics", "sdk") and not os.environ.get("BENCH_NO_APP"):
+    if VARIANT == "floor":
+        app = capture_floor.middleware(app)
+    elif VARIANT in ("stagelens", "metrics", "sdk") and not os.environ.get("BENCH_NO_APP"):
         stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")
     elif VARIANT == "otel":
         from opentelemetry import trace
@@ -162,6 +175,15 @@ PROXY = textwrap.dedent(
         FastAPIInstrumentor.instrument_app(app, tracer_provider=provider)
     """
 )
+
+
+def write_programs(work: Path) -> Path:
+    """Write the upstream, sink and proxy programs (and the floor's module) into ``work``."""
+    (work / "bench_upstream.py").write_text(UPSTREAM)
+    (work / "bench_sink.py").write_text(SINK)
+    (work / "bench_proxy.py").write_text(PROXY)
+    shutil.copy(Path(__file__).with_name("capture_floor.py"), work / "capture_floor.py")
+    return work
 
 
 def free_port() -> int:
@@ -301,10 +323,7 @@ def main() -> None:
 
     import tempfile
 
-    work = Path(tempfile.mkdtemp(prefix="stagelens-bench-"))
-    (work / "bench_upstream.py").write_text(UPSTREAM)
-    (work / "bench_sink.py").write_text(SINK)
-    (work / "bench_proxy.py").write_text(PROXY)
+    work = write_programs(Path(tempfile.mkdtemp(prefix="stagelens-bench-")))
     up_port, sink_port = free_port(), free_port()
     procs = [serve(work, "bench_upstream", up_port, {}), serve(work, "bench_sink", sink_port, {})]
     results: dict[str, list[tuple[float, float, float]]] = {v: [] for v in variants}

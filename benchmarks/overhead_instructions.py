@@ -17,7 +17,7 @@ requests; the difference divided by the request difference is the per-request co
 start-up and shutdown cancelled out. All threads count: the ``stagelens`` variant includes
 its export worker encoding and POSTing spans (in full batches of 512, as at real speed).
 
-    .venv/bin/python benchmarks/overhead_instructions.py [--variants bare,metrics,stagelens]
+    .venv/bin/python benchmarks/overhead_instructions.py [--variants bare,floor,metrics,stagelens]
         [--small 30] [--large 230]
 
 Needs ``valgrind`` (Debian package); a run takes ~3 minutes on 2 cores.
@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import PROXY, SINK, UPSTREAM, free_port, one, proxy_env, serve, wait_up
+from overhead import free_port, one, proxy_env, serve, wait_up, write_programs
 
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -84,7 +84,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default="bare,metrics,stagelens")
+    parser.add_argument("--variants", default="bare,floor,metrics,stagelens")
     parser.add_argument("--small", type=int, default=30)
     parser.add_argument("--large", type=int, default=230)
     args = parser.parse_args()
@@ -93,10 +93,7 @@ def main() -> None:
     if args.large <= args.small:
         raise SystemExit("--large must exceed --small")
     variants = [v for v in args.variants.split(",") if v]
-    work = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
-    (work / "bench_upstream.py").write_text(UPSTREAM)
-    (work / "bench_sink.py").write_text(SINK)
-    (work / "bench_proxy.py").write_text(PROXY)
+    work = write_programs(Path(tempfile.mkdtemp(prefix="stagelens-instr-")))
     up_port, sink_port = free_port(), free_port()
     servers = [serve(work, "bench_upstream", up_port, {}), serve(work, "bench_sink", sink_port, {})]
     per_request: dict[str, float] = {}
