@@ -28,12 +28,17 @@ import re
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
+from operator import itemgetter
 from time import time_ns
 from typing import Any, Final
 
 import httpx
-from opentelemetry import context, propagate, trace
+from opentelemetry import baggage, context, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from stagelens.instrumentation._request import RequestState, current_request
 from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 
@@ -204,9 +209,9 @@ class _UpstreamCall:
             state.request_id = request_id
         if self._recording:
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
-            propagate.inject(added, context=trace.set_span_in_context(self.span))
+            _inject(added, trace.set_span_in_context(self.span))
         else:
-            propagate.inject(added)
+            _inject(added, None)
         _add_headers(request.headers, added, present)
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
@@ -517,7 +522,11 @@ def _client_attributes(
 _REQUEST_ID_KEY: Final = sc.HEADER_REQUEST_ID.lower().encode("ascii")
 
 
-def _header_names(headers: httpx.Headers) -> set[bytes] | None:
+_ENTRY_KEY: Final = itemgetter(1)
+"""The lower-cased name of one of httpx's header entries (name, lower name, value)."""
+
+
+def _header_names(headers: httpx.Headers) -> list[bytes] | None:
     """The lower-cased names in ``headers``, read from httpx's entry list (name, lower
     name, value); None where that list is not as expected (the public API is used then).
 
@@ -529,20 +538,92 @@ def _header_names(headers: httpx.Headers) -> set[bytes] | None:
     entries = getattr(headers, "_list", None)
     if type(entries) is not list or (entries and len(entries[0]) != 3):
         return None
-    return {entry[1] for entry in entries}
+    return list(map(_ENTRY_KEY, entries))  # in C; a handful of names: a list is enough
 
 
-def _add_headers(headers: httpx.Headers, added: dict[str, str], present: set[bytes] | None) -> None:
+_NAME_BYTES: dict[str, tuple[bytes, ...]] = {}
+"""Header name -> (as sent, lower-cased) in ASCII, or () for a name that is not ASCII.
+The names come from the propagators (a fixed few); the cache is bounded all the same."""
+
+
+def _name_bytes(name: str) -> tuple[bytes, ...]:
+    found = _NAME_BYTES.get(name)
+    if found is None:
+        if len(_NAME_BYTES) >= 64:
+            _NAME_BYTES.clear()
+        found = _NAME_BYTES[name] = (
+            (name.encode("ascii"), name.lower().encode("ascii")) if name.isascii() else ()
+        )
+    return found
+
+
+def _add_headers(
+    headers: httpx.Headers, added: dict[str, str], present: list[bytes] | None
+) -> None:
     """Set ``added`` on ``headers`` as ``headers[name] = value`` would: a new ASCII name is
     appended to httpx's entry list, anything else goes through the public API."""
     entries: list[tuple[bytes, bytes, bytes]] = getattr(headers, "_list", [])
     for name, value in added.items():
-        key = name.lower().encode("ascii", "replace")
-        if present is None or key in present or not (name.isascii() and value.isascii()):
+        encoded = _name_bytes(name)
+        if present is None or not encoded or encoded[1] in present or not value.isascii():
             headers[name] = value
         else:
-            entries.append((name.encode("ascii"), key, value.encode("ascii")))
-            present.add(key)
+            entries.append((encoded[0], encoded[1], value.encode("ascii")))
+            present.append(encoded[1])
+
+
+_textmap: tuple[object, W3CBaggagePropagator | None] = (None, None)
+"""The global propagator last seen, and its baggage propagator when it is the default
+pair (W3C trace context, then W3C baggage); None otherwise."""
+
+
+def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
+    if type(textmap) is not CompositePropagator:
+        return None
+    pair = getattr(textmap, "_propagators", None)
+    if (
+        isinstance(pair, list | tuple)
+        and len(pair) == 2
+        and type(pair[0]) is TraceContextTextMapPropagator
+        and type(pair[1]) is W3CBaggagePropagator
+    ):
+        return pair[1]
+    return None
+
+
+_current_context: Final = context.get_current
+
+
+def _inject(carrier: dict[str, str], context: Context | None) -> None:
+    """``propagate.inject(carrier, context=context)``, written out for the default
+    propagators: ``traceparent`` (and ``tracestate``) formatted as the W3C propagator does,
+    baggage through its own propagator when there is any. Any other propagator set is
+    called as it is.
+
+    Why: the generic path walks the composite and reads the current context once per
+    propagator; on a sampled-out request that was the larger part of starting the call.
+    Equivalence with ``propagate.inject`` is tested.
+    """
+    global _textmap
+    textmap = propagate.get_global_textmap()
+    if _textmap[0] is not textmap:
+        _textmap = (textmap, _w3c_default(textmap))
+    baggage_propagator = _textmap[1]
+    if baggage_propagator is None:
+        propagate.inject(carrier, context=context)
+        return
+    if context is None:
+        context = _current_context()
+    span_context = trace.get_current_span(context).get_span_context()
+    if span_context != trace.INVALID_SPAN_CONTEXT:
+        carrier["traceparent"] = (
+            f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}"
+            f"-{span_context.trace_flags:02x}"
+        )
+        if span_context.trace_state:
+            carrier["tracestate"] = span_context.trace_state.to_header()
+    if baggage.get_all(context):
+        baggage_propagator.inject(carrier, context=context)
 
 
 def _mint_request_id(span: trace.Span) -> str:

@@ -446,3 +446,73 @@ def test_loads_is_json_loads() -> None:
                 errors.append(type(exc))
         assert len(errors) == 2, bad
         assert errors[0] is errors[1], bad
+
+
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "not-sampled"])
+@pytest.mark.parametrize("trace_state", [True, False], ids=["tracestate", "no-tracestate"])
+@pytest.mark.parametrize("with_baggage", [True, False], ids=["baggage", "no-baggage"])
+def test_inject_is_propagate_inject(sampled: bool, trace_state: bool, with_baggage: bool) -> None:
+    """The written-out default propagation sets exactly what ``propagate.inject`` sets,
+    from an explicit context or the current one, and nothing without a span."""
+    from opentelemetry import baggage, context, propagate, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from stagelens.instrumentation.httpx import _inject, _w3c_default
+
+    assert _w3c_default(propagate.get_global_textmap()) is not None  # the fast path runs
+    span = NonRecordingSpan(
+        SpanContext(
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0x00F067AA0BA902B7,
+            False,
+            TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+            TraceState([("vendor", "v1"), ("other", "x")]) if trace_state else TraceState(),
+        )
+    )
+    ctx = trace.set_span_in_context(span)
+    if with_baggage:
+        ctx = baggage.set_baggage("user id", "a b,c", ctx)
+    empty = context.Context()
+    for given in (ctx, None, empty):
+        token = context.attach(ctx)
+        try:
+            fast: dict[str, str] = {}
+            slow: dict[str, str] = {}
+            _inject(fast, given)
+            propagate.inject(slow, context=given)
+        finally:
+            context.detach(token)
+        assert fast == slow
+        # the span's context (given, or current) is propagated; an empty context has none
+        assert bool(fast) is (given is not empty)
+
+
+def test_inject_calls_other_propagators_as_they_are() -> None:
+    """A propagator set other than the default W3C pair is called, not imitated."""
+    from opentelemetry import propagate
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.propagators.textmap import TextMapPropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from stagelens.instrumentation.httpx import _inject
+
+    class Custom(TextMapPropagator):
+        def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+            raise NotImplementedError
+
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            carrier["x-custom"] = "1"
+
+        @property
+        def fields(self) -> set[str]:
+            return {"x-custom"}
+
+    default = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), Custom()]))
+    try:
+        carrier: dict[str, str] = {}
+        _inject(carrier, None)
+        assert carrier == {"x-custom": "1"}  # no current span: no traceparent
+    finally:
+        propagate.set_global_textmap(default)
+    carrier = {}
+    _inject(carrier, None)
+    assert carrier == {}
