@@ -217,7 +217,8 @@ class _UpstreamCall:
         self._buffer = bytearray()
         """Eager parsing: a non-streamed body, or the stream's unparsed partial line."""
         self._done = False
-        # The stream's last event arrived ([DONE], a finish reason or the usage chunk).
+        # The stream's last event arrived ([DONE], a finish reason or the usage chunk). It
+        # decides the span's status only: a sampled-out stream's tail is not searched for it.
         self._ended = False
         # The first event is parsed for the span's response id and model: a sampled-out
         # request has no span, so nothing to parse before the final events.
@@ -294,6 +295,8 @@ class _UpstreamCall:
         back from the end in C (``rfind``), not by walking the lines: a quoted key cannot
         occur inside a JSON string, where quotes are escaped. Only the usage event is
         parsed, and the finish event too when its span is recorded (finish reasons).
+        Sampled out, only the usage event is looked for: how the stream ended decides the
+        span's status alone.
         """
         if not self._lazy:
             return
@@ -301,7 +304,8 @@ class _UpstreamCall:
         data = self._buffer
         self._buffer = bytearray()
         start = data.find(b"\n") + 1 if self._tail_cut else 0  # a cut leaves a partial line
-        at = data.rfind(_DONE, max(start, len(data) - _DONE_WINDOW))
+        recording = self._recording
+        at = data.rfind(_DONE, max(start, len(data) - _DONE_WINDOW)) if recording else -1
         if at >= 0:
             line_start = data.rfind(b"\n", start, at) + 1 or start
             found = _DONE_LINE.match(data, line_start)
@@ -316,16 +320,17 @@ class _UpstreamCall:
             at = data.rfind(_USAGE_KEY, start, at)
         if at >= 0:
             usage_line = _line_around(data, at, start)
-            if usage_line[1] is not None and _has(
-                usage_line[1], _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE
+            if (
+                recording
+                and usage_line[1] is not None
+                and _has(usage_line[1], _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE)
             ):
                 self._ended = True  # the usage-only chunk comes after the last token
         finish_line = None
-        at = data.rfind(_FINISH_KEY, start)
+        at = data.rfind(_FINISH_KEY, start) if recording else -1
         if at >= 0 and _FINISH_AT.match(data, at) is not None:
             self._ended = True
-            if self._recording:
-                finish_line = _line_around(data, at, start)
+            finish_line = _line_around(data, at, start)
         if finish_line is None or finish_line == usage_line:
             lines: tuple[tuple[int, bytes | None] | None, ...] = (usage_line,)
         elif usage_line is None:
@@ -362,12 +367,13 @@ class _UpstreamCall:
                 return
 
     def _absorb(self, body: dict[str, Any]) -> None:
-        self._response_id = self._response_id or body.get("id")
-        self._response_model = self._response_model or body.get("model")
-        for choice in body.get("choices") or ():
-            reason = choice.get("finish_reason")
-            if reason:
-                self._finish_reasons.append(str(reason))
+        if self._recording:  # what only the span shows
+            self._response_id = self._response_id or body.get("id")
+            self._response_model = self._response_model or body.get("model")
+            for choice in body.get("choices") or ():
+                reason = choice.get("finish_reason")
+                if reason:
+                    self._finish_reasons.append(str(reason))
         usage = body.get("usage")
         if isinstance(usage, dict):
             details = usage.get("prompt_tokens_details") or {}

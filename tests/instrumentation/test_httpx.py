@@ -321,14 +321,17 @@ def test_parse_is_the_same_however_the_stream_is_chunked(
     body = _vllm_like_stream(spaced=spaced, content=content)
     assert (len(body) > 2 * _TAIL_MAX) == (content == 2000)
     call = _parse(body, size, {"model": "tiny"}, sampled=sampled)
-    assert call._ended
     assert call._usage is not None
     assert (call._usage.input_tokens, call._usage.output_tokens) == (40, 6)
     assert call._usage.cached_input_tokens == 16
     assert call._engine == METRICS
     if sampled:  # what only the span shows is only read for a recorded span
+        assert call._ended
         assert call._finish_reasons == ["stop"]
         assert call._response_id == "c1"
+    else:
+        assert not call._finish_reasons
+        assert call._response_id is None
     assert len(call._buffer) == 0
 
 
@@ -417,7 +420,7 @@ def test_done_ends_a_stream_only_as_its_own_event(closing: bytes, ended: bool) -
     """A stream with no finish reason and no usage ends with ``[DONE]`` only when that is
     the whole payload of its last data line, however the line is written."""
     for size in (1, 64, 100_000):
-        call = _parse(_content_only() + closing, size, {"model": "tiny"}, sampled=False)
+        call = _parse(_content_only() + closing, size, {"model": "tiny"})  # a span's status
         assert call._ended is ended, size
         assert call._usage is None
 
