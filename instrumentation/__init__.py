@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stagelens.instrumentation._request import RequestState, current_request
-from stagelens.instrumentation._telemetry import Telemetry
+from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.instrumentation.fastapi import (
     FastAPIInstrumentor,
@@ -27,6 +27,7 @@ __all__ = [
     "Telemetry",
     "bill",
     "current_request",
+    "default_telemetry",
     "instrument_app",
     "instrument_httpx_client",
     "record_usage",

@@ -1,4 +1,4 @@
-"""The wiring one instrumented app records into: tracer, instruments, prices, tenants.
+"""The wiring one instrumented app records into: tracer, instruments, prices, label bounds.
 
 Why an object and not module globals: tests and multi-app processes need isolated
 providers and registries; the middleware, ``stage()`` and the upstream instrumentation
@@ -19,6 +19,7 @@ from stagelens.instrumentation._instruments import Instruments, instruments_for
 from stagelens import __version__
 from stagelens import semconv as sc
 from stagelens.config import Settings, load_settings
+from stagelens.model_labels import ModelLabels
 from stagelens.pricing import PriceTable
 from stagelens.tenants import TenantLimiter
 
@@ -55,8 +56,28 @@ class Telemetry:
             )
         self.prices = prices
         self.tenants = TenantLimiter(self.settings.tenants, self.settings.max_tenants)
+        self.models = ModelLabels(
+            self.settings.models, self.settings.max_models, default=self.settings.default_model
+        )
         self._logged: set[str] = set()
         self._log_lock = threading.Lock()
+
+    def derive(self, *, prices: PriceTable | None = None, **overrides: Any) -> Telemetry:
+        """A Telemetry recording where this one records (same tracer provider and
+        registries, hence the same instruments), with ``overrides`` applied to a copy of its
+        settings and ``prices`` (default: this one's). For an app that knows more than the
+        environment says: its served models, its own price table.
+
+        Raises ConfigurationError for invalid settings, or for a TTFT threshold other than
+        the registry's (its buckets are fixed once created).
+        """
+        return Telemetry(
+            load_settings(self.settings, **overrides),
+            tracer_provider=self.tracer_provider,
+            registry=self.registry,
+            exposition_registry=self.exposition_registry,
+            prices=prices if prices is not None else self.prices,
+        )
 
     def metrics_app(self) -> Any:
         """An ASGI app serving this telemetry's exposition registry (for ``/metrics``)."""

@@ -345,7 +345,7 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
-        model = state.model_label
+        model = telemetry.models.label(state.model_label, served=code < 400)
         code_label = _CODE_LABELS.get(code) or str(code)
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.

@@ -156,6 +156,7 @@ class _UpstreamCall:
         "_last_data_ns",
         "_lazy",
         "_recording",
+        "_refused",
         "_response_id",
         "_response_model",
         "_single_choice",
@@ -236,11 +237,14 @@ class _UpstreamCall:
         self._finish_reasons: list[str] = []
         self._usage: Usage | None = None
         self._engine: dict[str, Any] | None = None
+        self._refused = False
+        """The server answered with an error status."""
 
     # -- response ----------------------------------------------------------------------
     def on_response(self, response: httpx.Response) -> None:
         self._last_data_ns = time.time_ns()
         if response.status_code >= 400:
+            self._refused = True
             self._ended = True  # an error body, not an event stream: no last event to await
         if self.span.is_recording():
             vllm_id = response.headers.get(sc.HEADER_REQUEST_ID)
@@ -441,8 +445,9 @@ class _UpstreamCall:
         if state is not None:  # recorded with the request's other figures at its end
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
-        else:
-            series = telemetry.instruments.for_model(self.model)
+        else:  # no request around the call: recorded now, its model label bounded here
+            model = telemetry.models.label(self.model, served=error is None and not self._refused)
+            series = telemetry.instruments.for_model(model)
             series.stage(_INFERENCE).observe(elapsed)
             for phase, seconds in phases:
                 series.phase(phase).observe(seconds)

@@ -33,6 +33,12 @@ class Settings(BaseSettings):
     ``max_tenants`` distinct tenants seen do. Everything else is ``other``."""
     max_tenants: int = Field(default=20, ge=0, le=1000)
     """Cap on distinct ``tenant`` label values (cardinality bound)."""
+    models: tuple[str, ...] = ()
+    """Models that get their own ``model`` label value; with none configured, the first
+    ``max_models`` distinct models answered successfully do. Everything else (a name the
+    engine refused, say) is ``other``; ``default_model`` always keeps its name."""
+    max_models: int = Field(default=20, ge=0, le=1000)
+    """Cap on distinct ``model`` label values (cardinality bound)."""
     price_table: Path | None = None
     """YAML price table; None uses the documented default (see stagelens.pricing)."""
     ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0)
@@ -66,6 +72,10 @@ class Settings(BaseSettings):
         if len(self.tenants) > self.max_tenants:
             raise ValueError(
                 f"{len(self.tenants)} tenants configured but max_tenants={self.max_tenants}"
+            )
+        if len(self.models) > self.max_models:
+            raise ValueError(
+                f"{len(self.models)} models configured but max_models={self.max_models}"
             )
         return self
 

@@ -240,7 +240,8 @@ SPANS_DROPPED: Final = "stagelens_spans_dropped_total"
 LABEL_STAGE: Final = "stage"
 """Stage label (canonical or user stage name)."""
 LABEL_MODEL: Final = "model"
-"""Served model name."""
+"""Served model name: names configured, or the first N that were answered successfully;
+everything else ``other`` (``MODEL_OTHER``)."""
 LABEL_CODE: Final = "code"
 """HTTP status code as a string."""
 LABEL_TENANT: Final = "tenant"
@@ -279,6 +280,10 @@ PHASE_DECODE: Final = SPAN_ENGINE_DECODE
 """``phase`` label value for decode."""
 TENANT_OTHER: Final = "other"
 """Tenant label for every tenant outside the configured top-N."""
+MODEL_OTHER: Final = "other"
+"""Model label for a requested name that is not a served model (configured, or among the
+first ``max_models`` answered successfully): a client's typo or made-up name would
+otherwise be a new series each."""
 BUDGET_WINDOW_DAY: Final = "1d"
 """The daily budget window."""
 

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import httpx
 from fastapi import FastAPI, Request
-from stagelens.instrumentation import Telemetry
+from stagelens.instrumentation import Telemetry, default_telemetry
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
 from stagelens.reference.pipeline import (
@@ -115,19 +115,18 @@ def _reject(stage_name: Stage) -> None:
         state.reject(stage_name)
 
 
-def _with_prices(telemetry: Telemetry | None, prices: PriceTable) -> Telemetry:
-    """A Telemetry recording where ``telemetry`` records (same settings, tracer provider and
-    registries, hence the same instruments), billing with ``prices``. None: the global
-    tracer provider and the default registry."""
-    if telemetry is None:
-        return Telemetry(prices=prices)
-    return Telemetry(
-        telemetry.settings,
-        tracer_provider=telemetry.tracer_provider,
-        registry=telemetry.registry,
-        exposition_registry=telemetry.exposition_registry,
-        prices=prices,
-    )
+def _serving(
+    telemetry: Telemetry | None, config: GatewayConfig, prices: PriceTable | None
+) -> Telemetry:
+    """The Telemetry the gateway records through: where ``telemetry`` (or the default)
+    records, with the router's models as the served ones (the ``model`` label's values,
+    unless the settings name models themselves) and the gateway's price table, if any."""
+    base = telemetry if telemetry is not None else default_telemetry()
+    overrides: dict[str, Any] = {}
+    if not base.settings.models:
+        names = tuple(config.models)
+        overrides = {"models": names, "max_models": max(base.settings.max_models, len(names))}
+    return base.derive(prices=prices, **overrides)
 
 
 def create_app(
@@ -138,14 +137,17 @@ def create_app(
 ) -> FastAPI:
     """Build the gateway app, instrumented with stagelens (``/metrics`` served by it).
 
-    Prices: ``config.price_table``, when set, wins, also over the prices of a ``telemetry``
-    passed in (the gateway's own config is the more specific source); the app then records
-    through a copy of that telemetry that differs only in its price table. Without it, the
-    passed telemetry's prices apply (or, with none passed, the configured default's).
+    The app records through a copy of ``telemetry`` (or of the default one) that knows
+    what the gateway knows: the router's models are the served ones, so a request for a
+    model name it refused never becomes a ``model`` label value (unless the settings name
+    the models themselves); and ``config.price_table``, when set, wins over the passed
+    telemetry's prices (the gateway's own config is the more specific source). Without
+    it, the passed telemetry's prices apply (or, with none passed, the configured
+    default's).
     """
     gateway = Gateway(config, safety)
-    if config.price_table is not None:
-        telemetry = _with_prices(telemetry, PriceTable.load(config.price_table))
+    prices = PriceTable.load(config.price_table) if config.price_table is not None else None
+    telemetry = _serving(telemetry, config, prices)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

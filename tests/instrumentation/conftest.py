@@ -41,7 +41,9 @@ USAGE = {
 
 def make_upstream() -> Starlette:
     """Upstream app: streams ``x_chunks`` content chunks (default 16), ``x_delay`` s apart
-    after ``x_first_delay`` s, then the usage chunk; the ``x_*`` knobs ride in the body."""
+    after ``x_first_delay`` s, then the usage chunk; the ``x_*`` knobs ride in the body.
+    A model named ``no-such-...`` is refused with 404, as vLLM refuses a model it does not
+    serve."""
     seen: list[dict[str, str]] = []
 
     async def chat(request: Request) -> Response:
@@ -51,6 +53,9 @@ def make_upstream() -> Starlette:
         first_delay = float(body.get("x_first_delay", 0.0))
         seen.append({k.decode(): v.decode() for k, v in request.headers.raw})
         rid = request.headers.get("x-request-id", "none")
+        if str(body.get("model", "")).startswith("no-such-"):  # as vLLM answers a bad name
+            error = {"message": "The model does not exist.", "type": "NotFoundError"}
+            return JSONResponse({"error": {**error, "code": 404}}, status_code=404)
         if not body.get("stream"):
             return JSONResponse(
                 {
@@ -134,7 +139,7 @@ def build_proxy(
             answer = await client.send(upstream_request)
             with stage(Stage.POSTPROCESS):
                 payload = answer.json()
-            return JSONResponse(payload)
+            return JSONResponse(payload, status_code=answer.status_code)
         answer = await client.send(upstream_request, stream=True)
 
         async def relay() -> AsyncIterator[bytes]:

@@ -367,6 +367,35 @@ class TestFailures:
             }
             assert exposed == {"acme", "globex", "other"}
 
+    async def test_model_label_is_bounded_to_served_models(
+        self, proxy_factory, client_factory
+    ) -> None:
+        """Names the engine refused are ``other`` and never take a slot; with max_models=2
+        the first two models served keep their name, a third is ``other``."""
+        from stagelens.testing import capture_telemetry
+
+        with capture_telemetry(max_models=2) as cap:
+            app, _ = proxy_factory(cap)
+            async with client_factory(app) as client:
+                for model in [f"no-such-{i}" for i in range(5)] + ["tiny", "m2", "m3", "tiny"]:
+                    r = await client.post("/v1/chat/completions", json={"model": model})
+                    assert r.status_code == (404 if model.startswith("no-such") else 200)
+            assert cap.value(semconv.REQUESTS, model="other", code="404") == 5.0
+            assert cap.value(semconv.REQUESTS, model="tiny", code="200") == 2.0
+            assert cap.value(semconv.REQUESTS, model="m2", code="200") == 1.0
+            assert cap.value(semconv.REQUESTS, model="other", code="200") == 1.0
+            tokens = cap.value(semconv.TOKENS, model="other", tenant="other", type="output")
+            assert tokens == 16.0  # m3's usage, billed under other
+            exposed = {
+                sample.labels["model"]
+                for metric in cap.telemetry.registry.collect()
+                for sample in metric.samples
+                if "model" in sample.labels
+            }
+            assert exposed == {"tiny", "m2", "other"}
+            inference = _by_name(cap)
+            assert "chat no-such-0" in inference  # spans keep the name the client sent
+
     async def test_client_disconnect_mid_stream_ends_the_trace(self, cap, proxy_factory) -> None:
         """The client leaves after 3 chunks: spans end, the root says it was cancelled."""
         app, _ = proxy_factory(cap)

@@ -90,6 +90,34 @@ class TestTenants:
         assert len(fp) == 12
 
 
+class TestModels:
+    """The model label is bounded to served models."""
+
+    def test_configured_models_keep_their_name_others_are_other(self) -> None:
+        from stagelens.model_labels import ModelLabels
+
+        labels = ModelLabels(["tiny", "big"], max_models=5, default="unknown")
+        got = [labels.label(m, served=True) for m in ("tiny", "big", "new", "unknown")]
+        assert got == ["tiny", "big", "other", "unknown"]
+
+    def test_first_n_served_without_configuration(self) -> None:
+        """Only a successful answer admits a name; the default never takes a slot."""
+        from stagelens.model_labels import ModelLabels
+
+        labels = ModelLabels(max_models=2, default="unknown")
+        assert labels.label("typo", served=False) == "other"
+        assert labels.label("unknown", served=False) == "unknown"
+        assert [labels.label(f"m{i}", served=True) for i in range(5)] == [
+            "m0",
+            "m1",
+            "other",
+            "other",
+            "other",
+        ]
+        assert labels.label("typo", served=True) == "other"  # no room left
+        assert labels.label("m1", served=False) == "m1"  # admitted: errors keep the name
+
+
 class TestSettings:
     """Settings validate at construction."""
 
@@ -114,6 +142,7 @@ class TestSettings:
             {"ttft_slo_threshold_seconds": 0},
             {"daily_budgets_usd": {"a": -1.0}},
             {"tenants": ("a", "b", "c"), "max_tenants": 2},
+            {"models": ("a", "b", "c"), "max_models": 2},
             {"no_such_setting": 1},
         ],
     )
@@ -121,3 +150,25 @@ class TestSettings:
         """Bad values fail loudly at start-up, as ConfigurationError."""
         with pytest.raises(ConfigurationError):
             load_settings(**overrides)
+
+
+def test_derive_records_where_the_original_records() -> None:
+    """A derived Telemetry shares the tracer provider, registries and instruments, with its
+    own settings and prices; a bad override fails loudly."""
+    from stagelens.pricing import Price
+    from stagelens.testing import capture_telemetry
+
+    with capture_telemetry() as cap:
+        prices = PriceTable({"tiny": Price(input=2.0, output=8.0, cached_input=1.0)})
+        derived = cap.telemetry.derive(prices=prices, models=("tiny",), max_tenants=3)
+        assert derived.registry is cap.telemetry.registry
+        assert derived.instruments is cap.telemetry.instruments
+        assert derived.tracer_provider is cap.telemetry.tracer_provider
+        assert derived.prices is prices
+        assert derived.settings.models == ("tiny",)
+        assert derived.settings.max_tenants == 3
+        assert derived.models.label("other-model", served=True) == "other"
+        assert cap.telemetry.settings.models == ()  # the original is unchanged
+        assert cap.telemetry.derive().prices is cap.telemetry.prices
+        with pytest.raises(ConfigurationError):
+            cap.telemetry.derive(models=("a", "b"), max_models=1)
