@@ -57,6 +57,8 @@ _PHASE_KEYS: Final = (
 )
 """The engine phases and the per-request metric of vLLM's response that times each."""
 _NUMBER: Final = (int, float)
+"""What a timing in vLLM's per-request metrics may be (a tuple: ``int | float`` would be
+built anew on every check)."""
 
 # SSE event checks, run only on the few events that are read (see ``_settle``). Each key
 # first gets a plain ``in`` check (vLLM's compact JSON answers it alone); the precompiled
@@ -603,6 +605,8 @@ def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
 
 
 _current_context: Final = context.get_current
+"""The module's ``get_current``, for ``_inject``, whose parameter is named ``context`` as
+``propagate.inject``'s is."""
 
 
 def _inject(carrier: dict[str, str], context: Context | None) -> None:
