@@ -18,7 +18,7 @@ typecheck:
 generate:
 	$(PY) -m stagelens.cli slo render --out alerts
 	$(PY) -m stagelens.dashboards.build --out dashboards
-	$(PY) -m stagelens.deploy --out deploy
+	$(PY) -m stagelens.dashboards.deploy --out deploy
 
 drift: generate
 	git diff --exit-code -- dashboards alerts deploy

@@ -35,11 +35,11 @@ from stagelens.exporters.prometheus import (
     recording_registry,
     register_collector,
 )
-from stagelens.instrumentation._telemetry import Telemetry, set_default_telemetry
 
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
+from stagelens.telemetry import Telemetry, set_default_telemetry
 
 __all__ = ["configure", "enable_gpu_metrics", "metrics_app", "register_collector"]
 

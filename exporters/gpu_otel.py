@@ -22,7 +22,8 @@ from typing import Any
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
 from stagelens.exporters.nvml import GpuReader, GpuSample, GpuSnapshot
 
-from stagelens import __version__, semconv
+from stagelens import semconv
+from stagelens._version import __version__
 
 _Value = Callable[[GpuSample], float | None]
 

@@ -46,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from stagelens import semconv
+from stagelens.config import env_flag
 
 _log = logging.getLogger(__name__)
 
@@ -743,12 +744,8 @@ def gpu_collector_enabled(gpu: bool | None = None) -> bool:
     and otherwise on exactly when the NVML binding (nvidia-ml-py) imports."""
     if gpu is not None:
         return gpu
-    flag = os.environ.get(ENABLE_ENV, "").strip().lower()
-    if flag in {"0", "false", "no", "off"}:
-        return False
-    if flag in {"1", "true", "yes", "on"}:
-        return True
-    return load_nvml() is not None
+    flag = env_flag(ENABLE_ENV)
+    return flag if flag is not None else load_nvml() is not None
 
 
 _registered: weakref.WeakKeyDictionary[CollectorRegistry, NvmlCollector] = (

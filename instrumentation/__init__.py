@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from stagelens.instrumentation._request import RequestState, current_request
-from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.instrumentation.fastapi import (
     FastAPIInstrumentor,
@@ -16,6 +14,9 @@ from stagelens.instrumentation.httpx import (
     StageLensTransport,
     instrument_httpx_client,
 )
+
+from stagelens.request import RequestState, current_request
+from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [
     "FastAPIInstrumentor",

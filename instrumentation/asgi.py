@@ -26,13 +26,13 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation._request import RequestState, _enter, _exit
-from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
 from stagelens.config import Settings
+from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
+from stagelens.telemetry import Telemetry, default_telemetry
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -132,9 +132,7 @@ class StageLensMiddleware:
         self._excluded = frozenset(telemetry.settings.excluded_paths)
         self._metrics_app: ASGIApp | None = None
         if metrics_path is not None:
-            from stagelens.exporters.prometheus import metrics_app
-
-            self._metrics_app = metrics_app(telemetry.exposition_registry)
+            self._metrics_app = telemetry.metrics_app()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -14,11 +14,11 @@ from collections.abc import Collection
 from typing import Any, Final
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
-from stagelens.instrumentation._telemetry import Telemetry
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.instrumentation.package import _instruments
 
 from stagelens.errors import ConfigurationError
+from stagelens.telemetry import Telemetry
 
 _MARK = "_stagelens_instrumented"
 _OPTIONS: Final = frozenset(inspect.signature(StageLensMiddleware.__init__).parameters) - {

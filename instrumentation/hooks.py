@@ -23,12 +23,12 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
-from stagelens.instrumentation._request import RequestState, current_request
-from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
+from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
+from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
 R = TypeVar("R")

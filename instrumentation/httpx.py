@@ -39,12 +39,12 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from stagelens.instrumentation._request import RequestState, current_request
-from stagelens.instrumentation._telemetry import Telemetry, default_telemetry
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
+from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
+from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
 """Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""

@@ -6,30 +6,23 @@ Users import only the names in ``__all__``; everything else is machinery.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("stagelens")
-except PackageNotFoundError:  # running from a source tree without an install
-    __version__ = "0.0.0"
-
+from stagelens._version import __version__
 from stagelens.config import Settings
 from stagelens.exporters import configure
 from stagelens.instrumentation import (
     FastAPIInstrumentor,
     Rejected,
     StageLensMiddleware,
-    Telemetry,
     bill,
-    current_request,
-    default_telemetry,
     instrument_app,
     instrument_httpx_client,
     record_usage,
     stage,
 )
 from stagelens.pricing import Price, PriceTable, Usage
+from stagelens.request import current_request
 from stagelens.stages import Stage
+from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [
     "FastAPIInstrumentor",

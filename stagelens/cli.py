@@ -16,11 +16,11 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from stagelens import __version__
+from stagelens._version import __version__
 from stagelens.errors import StageLensError
 
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
-    "stagelens.demo",
+    "stagelens.reference.demo",
     "stagelens.report",
     "stagelens.exporters.nvml",
     "stagelens.alert_rules",

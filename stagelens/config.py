@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,10 +17,30 @@ from stagelens import semconv
 from stagelens.errors import ConfigurationError
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"0", "false", "no", "off"})
+
+
+@overload
+def env_flag(name: str, default: bool) -> bool: ...
+@overload
+def env_flag(name: str, default: None = None) -> bool | None: ...
+def env_flag(name: str, default: bool | None = None) -> bool | None:
+    """An on/off environment switch: ``1``/``true``/``yes``/``on`` (any case) is True,
+    ``0``/``false``/``no``/``off`` is False, anything else (unset included) is ``default``.
+
+    Why one parser: every ``STAGELENS_*`` and ``OTEL_*`` switch reads the same words the
+    same way, so a value that turns one on never leaves another off."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    return default
+
 
 def _capture_content_default() -> bool:
-    value = os.environ.get(semconv.CAPTURE_MESSAGE_CONTENT_ENV, "false")
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    return env_flag(semconv.CAPTURE_MESSAGE_CONTENT_ENV, False)
 
 
 class Settings(BaseSettings):

@@ -1,9 +1,9 @@
 """Every name stagelens emits: span names, attribute keys, metric names, label names, units.
 
 Why one module: dashboards, alert rules, tests and users' own queries depend on these
-strings (``../shared/CONTRACT.md`` is the binding list). Code never spells a name inline; it
-imports the constant from here, so a rename is one edit plus the places the type checker
-and the drift checks point at.
+strings, so they are a contract: a change to one is listed in the CHANGELOG. Code never
+spells a name inline; it imports the constant from here, so a rename is one edit plus the
+places the type checker and the drift checks point at.
 
 Prometheus names follow the naming guide: ``stagelens_`` prefix, base units with a plural
 suffix, ``_total`` on counters, ``_ratio`` for 0-1 values. The OpenTelemetry GenAI attribute

@@ -12,7 +12,8 @@ from typing import Final
 
 
 class Stage(str, enum.Enum):
-    """Canonical stage names, in request order (see CONTRACT.md "The seven stages")."""
+    """Canonical stage names, in request order: the ``stage`` label and the
+    ``stagelens.stage`` span attribute."""
 
     GATEWAY = "gateway"
     LOAD_BALANCER = "load_balancer"

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 from stagelens.config import Settings, load_settings
-from stagelens.instrumentation._telemetry import Telemetry
 from stagelens.pricing import PriceTable
+from stagelens.telemetry import Telemetry
 
 
 class TelemetryCapture:

@@ -15,8 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from stagelens.vllm_server import VllmServer
+from stagelens.reference.vllm_server import VllmServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO_ROOT / ".cache" / "test-artifacts"
@@ -39,7 +38,7 @@ def require_vllm() -> None:
 def tiny_model() -> Path:
     """Directory of the generated tiny Llama (built once per machine, then cached)."""
     require_vllm()
-    from stagelens.tinymodel import ensure_tiny_model
+    from stagelens.reference.tinymodel import ensure_tiny_model
 
     return ensure_tiny_model()
 

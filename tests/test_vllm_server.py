@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from stagelens.vllm_server import VllmServer
+from stagelens.reference.vllm_server import VllmServer
 
 
 class _Sleeper(VllmServer):

@@ -1,9 +1,10 @@
 """The reference gateway: seven real stages in front of real vLLM servers.
 
-Order per request (CONTRACT.md "The seven stages"): ``gateway`` (stagelens middleware hooks:
-API key, rate limit, schema), ``load_balancer`` (backend choice), ``tokenizer`` (real token
-count, context window), ``router`` (model -> pool, admission), ``inference`` (the instrumented
-httpx call), ``postprocess`` (safety, stop sequences, framing), ``billing``.
+Order per request (the seven stages of ``stagelens.Stage``): ``gateway`` (stagelens
+middleware hooks: API key, rate limit, schema), ``load_balancer`` (backend choice),
+``tokenizer`` (real token count, context window), ``router`` (model -> pool, admission),
+``inference`` (the instrumented httpx call), ``postprocess`` (safety, stop sequences,
+framing), ``billing``.
 """
 
 from __future__ import annotations

@@ -379,7 +379,7 @@ class TestFailover:
 
     def test_kill_one_backend_mid_run(self, vllm_server, tiny_model, port_factory, request) -> None:
         """A second real vLLM dies under traffic; every request ends, almost all succeed."""
-        from stagelens.vllm_server import VllmServer
+        from stagelens.reference.vllm_server import VllmServer
 
         start_gateway = request.getfixturevalue("gateway_factory")
         doomed = VllmServer(

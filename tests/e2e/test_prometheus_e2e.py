@@ -32,9 +32,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import stagelens
 from stagelens import semconv as sc
-from stagelens._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
 from stagelens.alert_rules import dump_yaml, render_alerts, render_rules
 from stagelens.slo import BurnWindow, SloConfig
+from tests._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"

@@ -128,8 +128,8 @@ def test_fast_recording_equals_prometheus_client(tmp_path, monkeypatch, multipro
     prometheus-client's own observe()/inc(), also on multiprocess (mmap) values."""
     from prometheus_client import Counter, Histogram, values
     from prometheus_client import multiprocess as mp
-    from stagelens.instrumentation._instruments import FastCounter, FastHistogram
 
+    from stagelens._instruments import FastCounter, FastHistogram
     from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
 
     if multiprocess:
@@ -176,7 +176,8 @@ def test_fast_recording_equals_prometheus_client(tmp_path, monkeypatch, multipro
 def test_fast_histogram_ignores_nan() -> None:
     """A NaN would turn observe()'s sum into NaN for good; FastHistogram drops it."""
     from prometheus_client import Histogram
-    from stagelens.instrumentation._instruments import FastHistogram
+
+    from stagelens._instruments import FastHistogram
 
     registry = CollectorRegistry()
     child = Histogram("h", "h", ["m"], buckets=(1.0,), registry=registry).labels("x")
@@ -204,8 +205,7 @@ def _record(model: str = "m", *, stages: list[tuple[str, float]] | None = None) 
 def test_request_records_are_folded_before_every_collection() -> None:
     """A record is visible at the next scrape, with every series it feeds, however few
     requests were queued."""
-    from stagelens.instrumentation._instruments import Instruments
-
+    from stagelens._instruments import Instruments
     from stagelens.config import Settings
 
     registry = CollectorRegistry()
@@ -231,8 +231,7 @@ def test_request_records_are_folded_before_every_collection() -> None:
 
 def test_request_records_stay_bounded_without_scrapes() -> None:
     """Nobody scrapes: the queue is folded every FOLD_EVERY records, never grows."""
-    from stagelens.instrumentation._instruments import FOLD_EVERY, Instruments
-
+    from stagelens._instruments import FOLD_EVERY, Instruments
     from stagelens.config import Settings
 
     instruments = Instruments(CollectorRegistry(), Settings())
@@ -247,8 +246,7 @@ def test_request_records_stay_bounded_without_scrapes() -> None:
 
 def test_a_bad_record_is_counted_and_does_not_stop_the_others(caplog) -> None:
     """A fold that fails never raises into the request; it is counted and logged once."""
-    from stagelens.instrumentation._instruments import Instruments
-
+    from stagelens._instruments import Instruments
     from stagelens.config import Settings
 
     registry = CollectorRegistry()

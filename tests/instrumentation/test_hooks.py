@@ -6,9 +6,9 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 from prometheus_client import CollectorRegistry
 from stagelens.instrumentation import Telemetry
-from stagelens.instrumentation._telemetry import set_default_telemetry
 
 from stagelens import Stage, semconv, stage
+from stagelens.telemetry import set_default_telemetry
 
 
 @pytest.fixture

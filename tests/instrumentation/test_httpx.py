@@ -157,8 +157,9 @@ async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: b
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-    from stagelens.instrumentation._telemetry import Telemetry
     from stagelens.instrumentation.httpx import _TAIL_MAX
+
+    from stagelens.telemetry import Telemetry
 
     if not sampled:
         exporter = InMemorySpanExporter()
@@ -291,8 +292,9 @@ def _parse(body: bytes, size: int, payload: dict[str, Any], *, sampled: bool = T
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
     from prometheus_client import CollectorRegistry
-    from stagelens.instrumentation._telemetry import Telemetry
     from stagelens.instrumentation.httpx import _TAIL_MAX, _UpstreamCall
+
+    from stagelens.telemetry import Telemetry
 
     provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
     telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())

@@ -80,7 +80,7 @@ class _ChildCache:
 
 
 class Instruments:
-    """The gateway-side metrics of CONTRACT.md, bound to one registry."""
+    """The gateway-side metrics (``stagelens_*`` in ``semconv``), bound to one registry."""
 
     def __init__(self, registry: CollectorRegistry, settings: Settings) -> None:
         self.registry = registry

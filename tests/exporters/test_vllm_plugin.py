@@ -43,9 +43,9 @@ def _fresh_warnings(monkeypatch) -> None:
 
 @pytest.fixture
 def plugin() -> ModuleType:
-    """``stagelens.instrumentation.vllm`` (imports vLLM: skips without it)."""
+    """``stagelens.exporters.vllm`` (imports vLLM: skips without it)."""
     pytest.importorskip("vllm", reason=_NO_VLLM)
-    from stagelens.instrumentation import vllm as module
+    from stagelens.exporters import vllm as module
 
     return module
 
@@ -542,7 +542,7 @@ import sys
 from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
-from stagelens.instrumentation.vllm import StageLensStatLogger
+from stagelens.exporters.vllm import StageLensStatLogger
 
 cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
 stats = SimpleNamespace(

@@ -46,6 +46,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from stagelens import semconv as sc
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
+from stagelens.config import env_flag
 from stagelens.engine_stats import (
     FinishedRequest,
     IterationSample,
@@ -68,16 +69,13 @@ ENV_OTLP_METRICS: Final = "STAGELENS_VLLM_OTLP_METRICS"
 ENV_GPU_COLLECTOR: Final = "STAGELENS_GPU_COLLECTOR"
 """``1`` registers the NVML GPU collector on vLLM's registry (opt-in; GPU hosts)."""
 
-_OFF: Final = frozenset({"0", "false", "off", "no"})
-_ON: Final = frozenset({"1", "true", "on", "yes"})
-
 _TRACE_IN_ID: Final = re.compile(r"([0-9a-f]{32})-([0-9a-f]{16})")
 """Request ids minted by stagelens's upstream instrumentation carry ``<trace>-<span>``."""
 
 
 def plugin_enabled() -> bool:
     """False when ``STAGELENS_VLLM_PLUGIN`` is 0/false/off."""
-    return os.environ.get(ENV_ENABLED, "1").strip().lower() not in _OFF
+    return env_flag(ENV_ENABLED, True)
 
 
 def otlp_metrics_enabled() -> bool:
@@ -85,9 +83,9 @@ def otlp_metrics_enabled() -> bool:
     ``OTEL_METRICS_EXPORTER`` must name ``otlp``. The OTel spec's default for an unset
     ``OTEL_METRICS_EXPORTER`` is ``otlp``; the plugin deliberately stays off then, because
     it runs inside someone else's server and must not start exporting unasked."""
-    explicit = os.environ.get(ENV_OTLP_METRICS, "").strip().lower()
-    if explicit:
-        return explicit in _ON
+    explicit = env_flag(ENV_OTLP_METRICS)
+    if explicit is not None:
+        return explicit
     exporters = os.environ.get("OTEL_METRICS_EXPORTER", "")
     return "otlp" in {name.strip().lower() for name in exporters.split(",")}
 
@@ -558,7 +556,7 @@ class StageLensStatLogger(StatLoggerBase):
             m.phase.labels(sc.PHASE_DECODE, self.model),
             m.phase.labels(sc.PHASE_FRONTEND, self.model),
         )
-        if os.environ.get(ENV_TRACES, "").strip() in {"1", "true"}:
+        if env_flag(ENV_TRACES, False):
             self._spans = _SpanBuilder.shared()
         try:
             if meter_provider is None and otlp_metrics_enabled():
@@ -573,7 +571,7 @@ class StageLensStatLogger(StatLoggerBase):
                 self._otel = _OtelSeries(otel, self.backend, self.model)
         except Exception as exc:  # bad OTEL_* settings, missing grpc extra: metrics stay
             m.errors.report(sc.COMPONENT_VLLM_OTLP_METRICS, exc, "OTLP metrics disabled")
-        if os.environ.get(ENV_GPU_COLLECTOR, "").strip().lower() in _ON:
+        if env_flag(ENV_GPU_COLLECTOR, False):
             register_gpu_collector_once(registry, m.errors)
 
     def record(

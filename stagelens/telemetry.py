@@ -13,11 +13,11 @@ import threading
 from typing import Any
 
 from opentelemetry import trace
-from prometheus_client import REGISTRY, CollectorRegistry
-from stagelens.instrumentation._instruments import Instruments, instruments_for
+from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 
-from stagelens import __version__
 from stagelens import semconv as sc
+from stagelens._instruments import Instruments, instruments_for
+from stagelens._version import __version__
 from stagelens.config import Settings, load_settings
 from stagelens.model_labels import ModelLabels
 from stagelens.pricing import PriceTable
@@ -81,9 +81,8 @@ class Telemetry:
 
     def metrics_app(self) -> Any:
         """An ASGI app serving this telemetry's exposition registry (for ``/metrics``)."""
-        from stagelens.exporters.prometheus import metrics_app
-
-        return metrics_app(self.exposition_registry)
+        app: Any = make_asgi_app(self.exposition_registry)
+        return app
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Export queued spans now (tests, shutdown). True when the provider flushed."""

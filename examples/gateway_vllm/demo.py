@@ -106,11 +106,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     import uvicorn
-
-    from stagelens import configure
     from stagelens.reference import GatewayConfig, create_app, demo_config
     from stagelens.reference.config import DEMO_API_KEY
-    from stagelens.vllm_server import VllmServer, running
+    from stagelens.reference.vllm_server import VllmServer, running
+
+    from stagelens import configure
 
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and not os.environ.get(
         "OTEL_TRACES_EXPORTER"
@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     model = args.model
     if model is None:
         _say("generating the tiny model (first run only, a few seconds)")
-        from stagelens.tinymodel import ensure_tiny_model
+        from stagelens.reference.tinymodel import ensure_tiny_model
 
         model = str(ensure_tiny_model())
     _say(f"model: {model}")

@@ -19,8 +19,8 @@ from stagelens.pricing import Usage
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
-    from stagelens.instrumentation._instruments import BillingRecord
-    from stagelens.instrumentation._telemetry import Telemetry
+    from stagelens._instruments import BillingRecord
+    from stagelens.telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
     "stagelens_request", default=None

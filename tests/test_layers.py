@@ -1,0 +1,98 @@
+"""Layers run one way: core <- instrumentation, exporters, dashboards <- reference stack.
+
+Read from the source (every ``import``, lazy and type-checking ones included), not from
+what happens to be imported at run time, so that an import added inside a function is
+caught as well. The layers and their folders are described in the README's layout section.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FOLDERS = {
+    "stagelens": ROOT / "stagelens",
+    "stagelens.instrumentation": ROOT / "instrumentation",
+    "stagelens.exporters": ROOT / "exporters",
+    "stagelens.dashboards": ROOT / "dashboards",
+    "stagelens.reference": ROOT / "examples" / "gateway_vllm",
+}
+"""Import package -> the folder setuptools maps it from (pyproject ``package-dir``)."""
+
+ENTRY = {"stagelens", "stagelens.cli", "stagelens.testing"}
+"""Modules that wire the layers together for users: the package facade, the console
+script and the public test helpers. They may import any layer."""
+
+ALLOWED = {
+    "core": {"core"},
+    "instrumentation": {"core", "instrumentation"},
+    "exporters": {"core", "exporters"},
+    "dashboards": {"core", "dashboards"},
+    "reference": {"core", "entry", "instrumentation", "exporters", "reference"},
+    "entry": {"core", "entry", "instrumentation", "exporters", "dashboards", "reference"},
+}
+"""Which layers a layer may import. instrumentation and exporters never import each other."""
+
+
+def layer_of(module: str) -> str:
+    """The layer a ``stagelens`` module belongs to."""
+    if module in ENTRY:
+        return "entry"
+    for package in ("instrumentation", "exporters", "dashboards", "reference"):
+        prefix = f"stagelens.{package}"
+        if module == prefix or module.startswith(prefix + "."):
+            return package
+    return "core"
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the installed namespace, by its import name."""
+    found: dict[str, Path] = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.glob("*.py"):
+            name = package if path.stem == "__init__" else f"{package}.{path.stem}"
+            found[name] = path
+    return found
+
+
+def imported(module: str, path: Path, known: set[str]) -> set[str]:
+    """The ``stagelens`` modules that ``module`` imports, wherever the import statement is."""
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parents = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parents, base] if base else parents)
+            for alias in node.names:
+                # ``from stagelens import semconv`` imports the submodule, not the facade.
+                child = f"{base}.{alias.name}"
+                targets.add(child if child in known else base)
+    return {t for t in targets if t == "stagelens" or t.startswith("stagelens.")}
+
+
+def test_every_module_is_found() -> None:
+    """The walk sees each layer's modules (a moved folder would otherwise pass silently)."""
+    layers = {layer_of(name) for name in modules()}
+    assert layers == set(ALLOWED)
+
+
+@pytest.mark.parametrize("module", sorted(modules()))
+def test_imports_run_one_way(module: str) -> None:
+    """A module imports only from the layers its own layer may use."""
+    found = modules()
+    own = layer_of(module)
+    wrong = sorted(
+        target
+        for target in imported(module, found[module], set(found))
+        if layer_of(target) not in ALLOWED[own]
+    )
+    assert not wrong, f"{module} ({own}) imports {wrong}"
