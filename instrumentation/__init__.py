@@ -13,6 +13,7 @@ from stagelens.instrumentation.httpx import (
     StageLensAsyncTransport,
     StageLensTransport,
     instrument_httpx_client,
+    uninstrument_httpx_client,
 )
 
 from stagelens.request import RequestState, current_request
@@ -34,4 +35,5 @@ __all__ = [
     "record_usage",
     "stage",
     "uninstrument_app",
+    "uninstrument_httpx_client",
 ]

@@ -26,6 +26,8 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from stagelens.instrumentation._sse import has_no_choices
+from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
@@ -53,15 +55,14 @@ STATUS_CLIENT_CLOSED = 499
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
 _DONE = b"data: [DONE]"
-_EMPTY_CHOICES = (b'"choices":[]', b'"choices": []')
-"""An SSE event with no choices carries only usage: it is not a token, so not an ITL gap."""
 
 
 def _is_token_chunk(body: bytes) -> bool:
-    """False for the stream's terminator and for usage-only events (cheap bytes checks)."""
+    """False for the stream's terminator and for usage-only events (an SSE event with no
+    choices carries only usage: it is not a token, so not an ITL gap)."""
     if body.startswith(_DONE):
         return False
-    return not (_EMPTY_CHOICES[0] in body or _EMPTY_CHOICES[1] in body)
+    return not has_no_choices(body)
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -145,7 +146,7 @@ class StageLensMiddleware:
         if self._metrics_app is not None and path == self.metrics_path:
             await self._metrics_app(scope, receive, send)
             return
-        if path in self._excluded:
+        if path in self._excluded or not http_instrumentation_enabled():
             await self.app(scope, receive, send)
             return
         await _RequestTracker(self, scope).run(receive, send)

@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
+from stagelens.instrumentation._suppress import instrumentation_enabled_in
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
@@ -106,6 +107,12 @@ class stage:
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
+        ctx = context.get_current()
+        if not instrumentation_enabled_in(ctx):
+            # Suppressed (opentelemetry.instrumentation.utils.suppress_instrumentation()):
+            # no span and no metric, as contrib instrumentors do; the block just runs.
+            self._state = self._telemetry = None
+            return self
         state = current_request()
         if state is not None and not state.recording:
             # Trace sampled out (parent-based sampling): no child span, timing only.
@@ -114,11 +121,13 @@ class stage:
             return self
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
-        span = telemetry.tracer.start_span(self._name, attributes={sc.ATTR_STAGE: self._name})
+        span = telemetry.tracer.start_span(
+            self._name, context=ctx, attributes={sc.ATTR_STAGE: self._name}
+        )
         if self._attributes and span.is_recording():
             span.set_attributes(dict(self._attributes))
         self._span = span
-        self._ctx_token = context.attach(trace.set_span_in_context(span))
+        self._ctx_token = context.attach(trace.set_span_in_context(span, ctx))
         self._t0 = time.perf_counter()
         return self
 

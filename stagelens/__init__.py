@@ -18,6 +18,7 @@ from stagelens.instrumentation import (
     instrument_httpx_client,
     record_usage,
     stage,
+    uninstrument_httpx_client,
 )
 from stagelens.pricing import Price, PriceTable, Usage
 from stagelens.request import current_request
@@ -43,4 +44,5 @@ __all__ = [
     "instrument_httpx_client",
     "record_usage",
     "stage",
+    "uninstrument_httpx_client",
 ]

@@ -157,7 +157,7 @@ async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: b
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-    from stagelens.instrumentation.httpx import _TAIL_MAX
+    from stagelens.instrumentation._upstream import _TAIL_MAX
 
     from stagelens.telemetry import Telemetry
 
@@ -292,7 +292,7 @@ def _parse(body: bytes, size: int, payload: dict[str, Any], *, sampled: bool = T
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
     from prometheus_client import CollectorRegistry
-    from stagelens.instrumentation.httpx import _TAIL_MAX, _UpstreamCall
+    from stagelens.instrumentation._upstream import _TAIL_MAX, _UpstreamCall
 
     from stagelens.telemetry import Telemetry
 
@@ -318,7 +318,7 @@ def test_parse_is_the_same_however_the_stream_is_chunked(
     """Events split across chunks, several events per chunk, or the whole body at once,
     in a short stream or one far longer than the kept tail: the same usage, finish
     reasons, engine timings and end of stream are read."""
-    from stagelens.instrumentation.httpx import _TAIL_MAX
+    from stagelens.instrumentation._upstream import _TAIL_MAX
 
     body = _vllm_like_stream(spaced=spaced, content=content)
     assert (len(body) > 2 * _TAIL_MAX) == (content == 2000)
@@ -377,7 +377,7 @@ def test_several_choices_keep_every_finish_reason() -> None:
 def test_headers_added_as_the_public_api_would(existing: Any) -> None:
     """The fast header path (httpx's entry list) leaves exactly the headers that
     ``headers[name] = value`` would, present names replaced, others appended."""
-    from stagelens.instrumentation.httpx import _add_headers, _header_names
+    from stagelens.instrumentation._headers import _add_headers, _header_names
 
     added = {
         "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
@@ -429,7 +429,7 @@ def test_done_ends_a_stream_only_as_its_own_event(closing: bytes, ended: bool) -
 
 def test_loads_is_json_loads() -> None:
     """The one-call JSON path gives json.loads' result, and its errors, for every input."""
-    from stagelens.instrumentation.httpx import _loads
+    from stagelens.instrumentation._sse import loads as _loads
 
     good = [
         b'{"model": "tiny", "stream": true}',
@@ -461,7 +461,7 @@ def test_inject_is_propagate_inject(sampled: bool, trace_state: bool, with_bagga
     from an explicit context or the current one, and nothing without a span."""
     from opentelemetry import baggage, context, propagate, trace
     from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
-    from stagelens.instrumentation.httpx import _inject, _w3c_default
+    from stagelens.instrumentation._headers import _inject, _w3c_default
 
     assert _w3c_default(propagate.get_global_textmap()) is not None  # the fast path runs
     span = NonRecordingSpan(
@@ -497,7 +497,7 @@ def test_inject_calls_other_propagators_as_they_are() -> None:
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from stagelens.instrumentation.httpx import _inject
+    from stagelens.instrumentation._headers import _inject
 
     class Custom(TextMapPropagator):
         def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:

@@ -1,0 +1,155 @@
+"""The headers the upstream call adds: ``X-Request-Id`` and the trace context.
+
+Why written out: each public lookup or assignment on ``httpx.Headers`` scans and re-encodes
+every header, and ``propagate.inject`` walks the composite propagator and reads the
+current context once per propagator. The upstream call reads one name and adds two or three
+headers per request, which through the generic APIs cost about as much as the rest of the
+call's start. Each shortcut falls back to the public API where its assumptions do not hold,
+and its equivalence with that API is tested.
+"""
+
+from __future__ import annotations
+
+import random
+from operator import itemgetter
+from typing import Final
+
+import httpx
+from opentelemetry import baggage, context, propagate, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.context import Context
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from stagelens import _compat
+from stagelens import semconv as sc
+
+REQUEST_ID_KEY: Final = sc.HEADER_REQUEST_ID.lower().encode("ascii")
+
+_ENTRY_KEY: Final = itemgetter(1)
+"""The lower-cased name of one of httpx's header entries (name, lower name, value)."""
+
+
+def _header_names(headers: httpx.Headers) -> list[bytes] | None:
+    """The lower-cased names in ``headers``, read from httpx's entry list; None where that
+    list is not as expected (the public API is used then)."""
+    entries = _compat.header_entries(headers)
+    if entries is None:
+        return None
+    return list(map(_ENTRY_KEY, entries))  # in C; a handful of names: a list is enough
+
+
+_NAME_BYTES: dict[str, tuple[bytes, ...]] = {}
+"""Header name -> (as sent, lower-cased) in ASCII, or () for a name that is not ASCII.
+The names come from the propagators (a fixed few); the cache is bounded all the same."""
+
+
+def _name_bytes(name: str) -> tuple[bytes, ...]:
+    found = _NAME_BYTES.get(name)
+    if found is None:
+        if len(_NAME_BYTES) >= 64:
+            _NAME_BYTES.clear()
+        found = _NAME_BYTES[name] = (
+            (name.encode("ascii"), name.lower().encode("ascii")) if name.isascii() else ()
+        )
+    return found
+
+
+def _add_headers(
+    headers: httpx.Headers, added: dict[str, str], present: list[bytes] | None
+) -> None:
+    """Set ``added`` on ``headers`` as ``headers[name] = value`` would: a new ASCII name is
+    appended to httpx's entry list, anything else goes through the public API."""
+    entries = _compat.header_entries(headers) if present is not None else None
+    for name, value in added.items():
+        encoded = _name_bytes(name)
+        if (
+            entries is None
+            or present is None
+            or not encoded
+            or encoded[1] in present
+            or not value.isascii()
+        ):
+            headers[name] = value
+        else:
+            entries.append((encoded[0], encoded[1], value.encode("ascii")))
+            present.append(encoded[1])
+
+
+_textmap: tuple[object, W3CBaggagePropagator | None] = (None, None)
+"""The global propagator last seen, and its baggage propagator when it is the default
+pair (W3C trace context, then W3C baggage); None otherwise."""
+
+
+def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
+    if type(textmap) is not CompositePropagator:
+        return None
+    pair = _compat.composite_propagators(textmap)
+    if (
+        pair is not None
+        and len(pair) == 2
+        and type(pair[0]) is TraceContextTextMapPropagator
+        and type(pair[1]) is W3CBaggagePropagator
+    ):
+        return pair[1]
+    return None
+
+
+_current_context: Final = context.get_current
+"""The module's ``get_current``, for ``_inject``, whose parameter is named ``context`` as
+``propagate.inject``'s is."""
+
+
+def _inject(carrier: dict[str, str], context: Context | None) -> None:
+    """``propagate.inject(carrier, context=context)``, written out for the default
+    propagators: ``traceparent`` (and ``tracestate``) formatted as the W3C propagator does,
+    baggage through its own propagator when there is any. Any other propagator set is
+    called as it is. Equivalence with ``propagate.inject`` is tested.
+    """
+    global _textmap
+    textmap = propagate.get_global_textmap()
+    if _textmap[0] is not textmap:
+        _textmap = (textmap, _w3c_default(textmap))
+    baggage_propagator = _textmap[1]
+    if baggage_propagator is None:
+        propagate.inject(carrier, context=context)
+        return
+    if context is None:
+        context = _current_context()
+    span_context = trace.get_current_span(context).get_span_context()
+    if span_context != trace.INVALID_SPAN_CONTEXT:
+        carrier["traceparent"] = (
+            f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}"
+            f"-{span_context.trace_flags:02x}"
+        )
+        if span_context.trace_state:
+            carrier["tracestate"] = span_context.trace_state.to_header()
+    if baggage.get_all(context):
+        baggage_propagator.inject(carrier, context=context)
+
+
+def _mint_request_id(span: trace.Span) -> str:
+    """``<trace-id>-<span-id>`` of the inference span when it is recorded, so that the engine
+    side (the vLLM plugin) can join its spans to this trace from the request id alone;
+    a random id otherwise."""
+    ctx = span.get_span_context()
+    if span.is_recording() and ctx.is_valid:
+        return f"{ctx.trace_id:032x}-{ctx.span_id:016x}"
+    return f"{random.getrandbits(128):032x}"  # after fork() `random` is reseeded
+
+
+def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bool) -> str:
+    """Add ``X-Request-Id`` (unless the app set one) and the trace context of ``span``
+    (the current context when it is not recorded) to ``request``; return the request id."""
+    added: dict[str, str] = {}
+    headers = request.headers
+    present = _header_names(headers)
+    request_id: str | None = None
+    if present is None or REQUEST_ID_KEY in present:
+        request_id = headers.get(sc.HEADER_REQUEST_ID)
+    if request_id is None:
+        request_id = _mint_request_id(span)
+        added[sc.HEADER_REQUEST_ID] = request_id
+    _inject(added, trace.set_span_in_context(span) if recording else None)
+    _add_headers(headers, added, present)
+    return request_id
