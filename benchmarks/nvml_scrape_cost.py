@@ -17,7 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry, generate_latest
-from stagelens.exporters.nvml import GpuReader, NvmlCollector
+from stagelens.exporters.nvml import NvmlCollector
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from tests.exporters import fake_nvml
 
