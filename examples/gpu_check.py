@@ -7,8 +7,9 @@ first and ~97 % for the second. Prints one table (GPU 0), the scrape cost, and a
 Needs only torch (CUDA), nvidia-ml-py and prometheus-client: the stagelens package
 ``__init__`` modules (which import OpenTelemetry, pydantic, ...) are not run; the two
 folders are mapped by hand and only the GPU modules ``stagelens.exporters.nvml``,
-``nvml_sampler`` and ``nvml_read`` (prometheus-client + ``stagelens.semconv``) are imported
-(``tests/exporters/test_gpu_check.py`` checks that with pydantic and OpenTelemetry blocked). Run from anywhere:
+``nvml_sampler`` and ``nvml_read`` (prometheus-client + ``stagelens.semconv``) are
+imported; ``tests/exporters/test_gpu_check.py`` checks that with pydantic and OpenTelemetry
+blocked. Run from anywhere:
 
     python examples/gpu_check.py [--out docs/gpu-check-DATE.md]
 
