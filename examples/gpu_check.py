@@ -1,8 +1,9 @@
 """One command for a real GPU machine: NVML readings idle, under a spin kernel, under a matmul.
 
-Reproduces the contrast in GPU-FACTS.md: a one-thread, one-block spinning kernel and a bf16
-8192^3 matmul loop both give NVML util.gpu ~100 %, while GPM SM activity is ~1 % for the
-first and ~97 % for the second. Prints one table (GPU 0), the scrape cost, and a verdict.
+Reproduces the contrast in docs/gpu.md's H100 reference measurements: a one-thread,
+one-block spinning kernel and a bf16 8192^3 matmul loop both give NVML util.gpu ~100 %,
+while GPM SM activity is ~1 % for the first and ~97 % for the second. Prints one table
+(GPU 0), the scrape cost, and a verdict.
 
 Needs only torch (CUDA), nvidia-ml-py and prometheus-client: the stagelens package
 ``__init__`` modules (which import OpenTelemetry, pydantic, ...) are not run; the two

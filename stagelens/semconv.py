@@ -5,6 +5,12 @@ strings, so they are a contract: a change to one is listed in the CHANGELOG. Cod
 spells a name inline; it imports the constant from here, so a rename is one edit plus the
 places the type checker and the drift checks point at.
 
+What each name is (kind, unit, labels or attributes, emitter) is declared beside it in
+``stagelens.semconv_spec``; ``docs/telemetry.md`` is generated from the two (``make
+generate``). A new metric, instrument or attribute constant needs its spec there (the tests
+and the generator fail without); label values named ``COMPONENT_*``, ``PHASE_*``, ... are
+picked up by their prefix.
+
 Prometheus names follow the naming guide: ``stagelens_`` prefix, base units with a plural
 suffix, ``_total`` on counters, ``_ratio`` for 0-1 values. The OpenTelemetry GenAI attribute
 keys are the v1.41 semantic-convention names.
