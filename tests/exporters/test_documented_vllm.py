@@ -1,8 +1,9 @@
 """The vLLM plugin's Prometheus families are what docs/telemetry.md documents.
 
-The plugin records real-shaped stats (scheduler and one finished request) into a fresh
-registry; every exposed family is held against ``semconv_spec``: documented name, type and
-label names, and every metric documented as the plugin's is exposed.
+The plugin records stats shaped like vLLM's (scheduler stats and one finished request, the
+same as tests/exporters/test_vllm_plugin.py uses) into a fresh registry; every exposed
+family is held against ``semconv_spec``: documented name, type and label names, and every
+metric documented as the plugin's is exposed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from stagelens import semconv
 from stagelens import semconv_spec as spec
+from tests.exporters.test_vllm_plugin import _config, _finished, _scheduler
 
 
 class TestPluginEmitsWhatIsDocumented:
@@ -25,27 +27,9 @@ class TestPluginEmitsWhatIsDocumented:
         from stagelens.exporters.vllm import StageLensStatLogger
 
         registry = CollectorRegistry()
-        config = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
-        logger = StageLensStatLogger(config, 0, registry=registry)
-        scheduler = SimpleNamespace(
-            num_running_reqs=2,
-            num_waiting_reqs=1,
-            kv_cache_usage=0.25,
-            prefix_cache_stats=SimpleNamespace(queries=512, hits=384),
-        )
-        finished = SimpleNamespace(
-            request_id="chatcmpl-1",
-            queued_time=0.01,
-            prefill_time=0.02,
-            decode_time=0.3,
-            e2e_latency=0.33,
-            num_prompt_tokens=600,
-            num_generation_tokens=16,
-            num_cached_tokens=512,
-        )
-        logger.record(
-            scheduler, SimpleNamespace(num_preempted_reqs=1, finished_requests=[finished])
-        )
+        logger = StageLensStatLogger(_config(), 0, registry=registry)
+        iteration = SimpleNamespace(num_preempted_reqs=1, finished_requests=[_finished()])
+        logger.record(_scheduler(), iteration)
         documented = {m.name: m for m in spec.METRICS if spec.VLLM_PLUGIN in m.emitted_by}
         exposed = set()
         for family in registry.collect():
