@@ -161,9 +161,9 @@ attributes). Do not edit by hand: regenerate with `make generate` (that is,
 `python -m stagelens.telemetry_docs --out docs/telemetry.md`); `make drift` fails when this
 file differs from a fresh run.*
 
-Every name below is a `Final` constant in `stagelens/semconv.py`, and code imports it from
-there. Dashboards, alert rules and users' queries depend on these names: a change to one is
-listed in the [CHANGELOG](../CHANGELOG.md).
+Every name below is a `Final` constant in `stagelens/semconv.py`, its one definition.
+Dashboards, alert rules and users' queries depend on these names: a change to one is listed
+in the [CHANGELOG](../CHANGELOG.md).
 """
 
 
