@@ -46,13 +46,17 @@ class Row:
     depth: int
     start_ns: int
     end_ns: int
+    parent_stage: object = None
+    """The parent span's ``stagelens.stage`` (None for a root)."""
 
     @property
     def label(self) -> str:
-        """The span's name; a stage span named otherwise (``chat tiny``) shows its stage."""
+        """The span's name, indented by depth. A stage's top span named otherwise (the
+        inference span ``chat tiny``) shows its stage first; its children in the same stage
+        (``queue``, ``prefill``, ``decode``) show their own names."""
         stage = self.span.attributes.get(sc.ATTR_STAGE)
         name = self.span.name
-        if isinstance(stage, str) and stage and stage != name:
+        if isinstance(stage, str) and stage and stage != name and stage != self.parent_stage:
             name = f"{stage} ({name})"
         return "  " * self.depth + name
 
@@ -111,19 +115,20 @@ def build(spans: Sequence[SpanRecord]) -> Waterfall:
     rows: list[Row] = []
     seen: set[str] = set()
 
-    def visit(span: SpanRecord, depth: int) -> None:
+    def visit(span: SpanRecord, depth: int, parent_stage: object) -> None:
         if span.span_id in seen:  # a cycle of parent ids in untrusted data
             return
         seen.add(span.span_id)
-        rows.append(Row(span, depth, span.start_ns - origin, span.end_ns - origin))
+        rows.append(Row(span, depth, span.start_ns - origin, span.end_ns - origin, parent_stage))
+        stage = span.attributes.get(sc.ATTR_STAGE)
         for child in sorted(children.get(span.span_id, []), key=_order):
-            visit(child, depth + 1)
+            visit(child, depth + 1, stage)
 
     for root in sorted(roots, key=_order):
-        visit(root, 0)
+        visit(root, 0, None)
     for span in sorted(spans, key=_order):  # spans whose parents form a cycle
         if span.span_id not in seen:
-            visit(span, 0)
+            visit(span, 0, None)
     return Waterfall(spans[0].trace_id, origin, total, tuple(rows))
 
 
