@@ -117,7 +117,7 @@ def _ticks(total_ns: int) -> Sequence[int]:
 def waterfall_svg(waterfall: Waterfall, *, width: int = 960) -> str:
     """One row per span: label, bar on the trace's axis, duration in ms. Each bar carries
     its exact start and end in ms (``data-start-ms``, ``data-end-ms``, and a tooltip)."""
-    label_w, number_w, row_h, top = 250, 200, 20, 26
+    label_w, number_w, row_h, top = 230, 280, 20, 26
     plot_w = width - label_w - number_w
     total = waterfall.total_ns
     height = top + row_h * len(waterfall.rows) + 8
