@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
             return _list(args)
         spans = _spans(args)
     except TraceSourceError as exc:
-        print(f"stagelens trace: {exc}", file=sys.stderr)
+        hint = ""
+        if args.file is None and args.source == DEFAULT_TRACE_SOURCE:
+            hint = " (is `stagelens demo` running? --source names another receiver)"
+        print(f"stagelens trace: {exc}{hint}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(to_otlp_json(spans), indent=1))
