@@ -22,6 +22,7 @@ from stagelens.errors import StageLensError
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.reference.demo",
     "stagelens.report",
+    "stagelens.trace_command",
     "stagelens.gpu_exporter_cli",
     "stagelens.alert_rules",
     "stagelens.previews",

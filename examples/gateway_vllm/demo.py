@@ -62,6 +62,13 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="gateway YAML config (API keys, pools); default: the demo config",
     )
+    parser.add_argument(
+        "--trace-port",
+        type=int,
+        default=None,
+        help="port of the demo's OTLP/HTTP trace receiver (default 4318 when no "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set, else a free one)",
+    )
     parser.add_argument("--no-traffic", action="store_true", help="skip the traffic run")
     parser.add_argument("--requests", type=int, default=48, help="requests in the traffic run")
     parser.add_argument(
@@ -112,15 +119,6 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
 
     from stagelens import configure
 
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and not os.environ.get(
-        "OTEL_TRACES_EXPORTER"
-    ):
-        os.environ["OTEL_TRACES_EXPORTER"] = "none"
-        _say(
-            "traces: no OTEL_EXPORTER_OTLP_ENDPOINT set, so spans are not exported "
-            "(set it to send them to a collector)"
-        )
-
     model = args.model
     if model is None:
         _say("generating the tiny model (first run only, a few seconds)")
@@ -152,7 +150,8 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     # running() stops every server in its finally, however we leave (signal included).
     with running(servers, timeout=900, progress=_progress("waiting for vLLM")):
         print()
-        telemetry = configure()
+        traces = _start_traces(args)
+        telemetry = configure(span_exporters=traces.exporters)
         _QuietServer = _quiet_server_class()
         app = create_app(config, telemetry=telemetry)
         server = _QuietServer(
@@ -167,6 +166,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
                 time.sleep(0.05)
             gateway = f"http://{args.host}:{args.port}"
             _say(f"gateway up on {gateway}")
+            slowest: str | None = None
             if not args.no_traffic:
                 _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
                 asyncio.run(_traffic(gateway, api_key, args.requests))
@@ -175,7 +175,10 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
                 print()
                 print(render_table(fetch(f"{gateway}/metrics")))
                 print()
+                slowest = traces.print_slowest(telemetry, args.requests)
+                print()
             _print_urls(gateway, backends, api_key)
+            _print_trace_urls(traces, slowest, gateway)
             if not args.exit_after_traffic:
                 _say("stack is up; Ctrl-C stops everything")
                 while not stopping.is_set():
@@ -185,7 +188,23 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
             server.should_exit = True
             thread.join(timeout=10)
             telemetry.shutdown()
+            traces.stop()
     return 0
+
+
+def _start_traces(args: argparse.Namespace) -> Any:
+    """The demo's trace receiver and exporters (``demo_traces``), announced."""
+    from stagelens.reference.demo_traces import DemoTraces
+
+    traces = DemoTraces.start(args.trace_port)
+    _say(traces.describe())
+    return traces
+
+
+def _print_trace_urls(traces: Any, slowest: str | None, gateway: str) -> None:
+    for line in traces.where(slowest):
+        print(line)
+    print(f"  page        {sys.argv[0]} report --metrics-url {gateway}/metrics --html report.html")
 
 
 def _quiet_server_class() -> Any:
