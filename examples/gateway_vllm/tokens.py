@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from stagelens.reference.schema import ChatRequest, Message, Tool
 
+from stagelens import Rejected
+
 ContentFormat = Literal["string", "openai"]
 """How vLLM hands message content to the chat template (its ``--chat-template-content-format``
 as resolved): one string, parts joined by newlines; or the list of parts."""
@@ -155,13 +157,21 @@ class TokenCounter:
         kwargs = {k: v for k, v in given.items() if k not in _CALL_KWARGS}
         kwargs["add_generation_prompt"] = req.add_generation_prompt is not False
         kwargs["continue_final_message"] = bool(req.continue_final_message)
-        ids = self._tokenizer.apply_chat_template(
-            self.conversation(req.messages),
-            tools=tool_dicts(req.tools),
-            tokenize=True,
-            return_dict=False,
-            **kwargs,
-        )
+        try:
+            ids = self._tokenizer.apply_chat_template(
+                self.conversation(req.messages),
+                tools=tool_dicts(req.tools),
+                tokenize=True,
+                return_dict=False,
+                **kwargs,
+            )
+        except Exception as exc:  # the template refused these messages or arguments
+            raise Rejected(
+                400,
+                f"The chat template could not render this request ({type(exc).__name__}).",
+                param="messages",
+                code="invalid_request",
+            ) from exc
         return len(ids)
 
     def count_prompt(self, prompt: str | list[int]) -> int:
