@@ -131,7 +131,11 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "report", help="print the per-stage latency table from a service's /metrics"
     )
-    parser.add_argument("--metrics-url", required=True, help="e.g. http://127.0.0.1:8080/metrics")
+    parser.add_argument(
+        "--metrics-url",
+        required=True,
+        help="e.g. http://127.0.0.1:9464/metrics (the demo gateway's internal metrics port)",
+    )
     parser.set_defaults(func=_run)
 
 

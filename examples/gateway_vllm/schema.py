@@ -191,7 +191,7 @@ class ChatRequest(_Common):
         return self.max_completion_tokens or self.max_tokens or 1
 
 
-TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+TokenIds = Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]
 
 
 def _prompt_branch(value: Any) -> str | None:
@@ -211,7 +211,7 @@ Prompt = Annotated[
     Annotated[StrictStr, Tag(_TAG + "text")]
     | Annotated[list[StrictStr], Tag(_TAG + "texts"), Field(min_length=1)]
     | Annotated[TokenIds, Tag(_TAG + "tokens")]
-    | Annotated[list[TokenIds], Tag(_TAG + "token_lists")],
+    | Annotated[list[TokenIds], Tag(_TAG + "token_lists"), Field(min_length=1)],
     Discriminator(
         _prompt_branch,
         custom_error_type="invalid_prompt",
