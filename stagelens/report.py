@@ -163,7 +163,11 @@ def add_parser(subparsers: Any) -> None:
         "report",
         help="print the per-stage latency table from a service's /metrics, or write a page",
     )
-    parser.add_argument("--metrics-url", required=True, help="e.g. http://127.0.0.1:8080/metrics")
+    parser.add_argument(
+        "--metrics-url",
+        required=True,
+        help="e.g. http://127.0.0.1:9464/metrics (the demo gateway's internal metrics port)",
+    )
     parser.add_argument(
         "--html",
         metavar="FILE",

@@ -105,6 +105,8 @@ GEN_AI_OPERATION_CHAT: Final = "chat"
 """``gen_ai.operation.name`` for chat completions."""
 GEN_AI_OPERATION_TEXT_COMPLETION: Final = "text_completion"
 """``gen_ai.operation.name`` for legacy completions."""
+GEN_AI_OPERATION_EMBEDDINGS: Final = "embeddings"
+"""``gen_ai.operation.name`` for embeddings (no output tokens, no time to first token)."""
 
 CAPTURE_MESSAGE_CONTENT_ENV: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """Environment variable that opts in to recording prompt/completion text (off by default)."""

@@ -160,3 +160,15 @@ def otlp_sink() -> Iterator[OtlpSink]:
     yield sink
     sink.server.shutdown()
     sink.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def stack(
+    vllm_server: Any, vllm_embed_server: Any, tiny_model: Path, port_factory: Any
+) -> Iterator[RunningGateway]:
+    """The demo configuration with its embedding pool (``tiny-embed``), over the session's
+    real chat and embedding servers."""
+    config = demo_config(
+        [vllm_server.base_url], str(tiny_model), embed_backends=[vllm_embed_server.base_url]
+    )
+    yield from start_gateway(config, port_factory())

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 from stagelens.reference import GatewayConfig, create_app
+from stagelens.reference.app import metrics_app
 from stagelens.reference.demo_traces import ENDPOINT_ENV, DemoTraces
 
 from stagelens import configure
@@ -122,14 +123,15 @@ def report(vllm_server, tiny_model, serve_app, otlp_sink, tmp_path_factory) -> d
         span_exporters=traces.exporters, registry=CollectorRegistry(), set_global=False, gpu=False
     )
     try:
-        with serve_app(create_app(config, telemetry=telemetry)) as url:
+        app = create_app(config, telemetry=telemetry)
+        with serve_app(app) as url, serve_app(metrics_app(app)) as metrics_url:
             usage, answered = _traffic(url)
             traces.wait_for(telemetry, answered)
             code = main(
                 [
                     "report",
                     "--metrics-url",
-                    f"{url}/metrics",
+                    f"{metrics_url}/metrics",
                     "--html",
                     str(out),
                     "--traces",
