@@ -2,8 +2,9 @@
 
 What it measures: one ``generate_latest()`` of a registry holding only the GPU collector,
 for 1 and 8 fake GPUs, and how many NVML calls one scrape makes. Real NVML adds its own
-latency per call (GPU-FACTS.md: three core calls ~30 us together on an H100, so ~10 us per
-call); the script prints that estimate beside the measured figure, labelled as an estimate.
+latency per call (docs/gpu.md, reference measurements: three core calls ~30 us together on
+an H100, so ~10 us per call); the script prints that estimate beside the measured figure,
+labelled as an estimate.
 The process list and GPM run on the background sampler, not in the scrape.
 Run: .venv/bin/python benchmarks/nvml_scrape_cost.py
 """
@@ -17,12 +18,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry, generate_latest
-from stagelens.exporters.nvml import GpuReader, NvmlCollector
+from stagelens.exporters.nvml import NvmlCollector
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from tests.exporters import fake_nvml
 
 REAL_US_PER_CALL = 10.0
-"""~30 us for three core calls on a real H100 (GPU-FACTS.md)."""
+"""~30 us for three core calls on a real H100 (docs/gpu.md, reference measurements)."""
 
 
 def main() -> None:

@@ -1,13 +1,16 @@
 """One command for a real GPU machine: NVML readings idle, under a spin kernel, under a matmul.
 
-Reproduces the contrast in GPU-FACTS.md: a one-thread, one-block spinning kernel and a bf16
-8192^3 matmul loop both give NVML util.gpu ~100 %, while GPM SM activity is ~1 % for the
-first and ~97 % for the second. Prints one table (GPU 0), the scrape cost, and a verdict.
+Reproduces the contrast in docs/gpu.md's H100 reference measurements: a one-thread,
+one-block spinning kernel and a bf16 8192^3 matmul loop both give NVML util.gpu ~100 %,
+while GPM SM activity is ~1 % for the first and ~97 % for the second. Prints one table
+(GPU 0), the scrape cost, and a verdict.
 
 Needs only torch (CUDA), nvidia-ml-py and prometheus-client: the stagelens package
 ``__init__`` modules (which import OpenTelemetry, pydantic, ...) are not run; the two
-folders are mapped by hand and only ``stagelens.exporters.nvml`` (prometheus-client +
-``stagelens.semconv``) is imported. Run from anywhere:
+folders are mapped by hand and only the GPU modules ``stagelens.exporters.nvml``,
+``nvml_sampler`` and ``nvml_read`` (prometheus-client + ``stagelens.semconv``) are
+imported; ``tests/exporters/test_gpu_check.py`` checks that with pydantic and OpenTelemetry
+blocked. Run from anywhere:
 
     python examples/gpu_check.py [--out docs/gpu-check-DATE.md]
 
@@ -34,7 +37,8 @@ for _name, _folder in (("stagelens", "stagelens"), ("stagelens.exporters", "expo
         sys.modules[_name] = _pkg
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-from stagelens.exporters.nvml import GpuReader, NvmlCollector  # noqa: E402
+from stagelens.exporters.nvml import NvmlCollector  # noqa: E402
+from stagelens.exporters.nvml_sampler import GpuReader  # noqa: E402
 
 WANTED = ("utilization_ratio", "sm_active_ratio", "power_watts", "memory_used_bytes")
 WARMUP_S = 4.0

@@ -22,12 +22,12 @@ from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry, start_http_server
 from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.nvml import (
-    GpuReader,
     NvmlCollector,
     gpu_collector_enabled,
     gpu_collector_for,
     register_gpu_collector,
 )
+from stagelens.exporters.nvml_sampler import GpuReader
 from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_env
 from stagelens.exporters.prometheus import (
     exposition_registry,

@@ -54,11 +54,13 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import Attributes, AttributeValue
 
+from stagelens import semconv
+
 logger = logging.getLogger("stagelens")
 
-REASON_QUEUE_FULL: Final = "queue_full"
+REASON_QUEUE_FULL: Final = semconv.REASON_QUEUE_FULL
 """Dropped before export: more spans waiting than the queue bound."""
-REASON_EXPORT_FAILED: Final = "export_failed"
+REASON_EXPORT_FAILED: Final = semconv.REASON_EXPORT_FAILED
 """Dropped by a failed export (collector down, refused, timed out)."""
 
 DropCounter = Callable[[str, int], None]

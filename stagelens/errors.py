@@ -13,3 +13,8 @@ class ConfigurationError(StageLensError, ValueError):
 
 class DependencyMissingError(StageLensError, ImportError):
     """Raised when a feature is asked for whose optional extra is not installed."""
+
+
+class TraceSourceError(StageLensError):
+    """Raised when a trace source (the demo's receiver, an OTLP/JSON file) cannot be read,
+    is malformed, or lacks the trace asked for."""

@@ -1,5 +1,6 @@
 """``stagelens report --metrics-url URL``: the per-stage latency table of any instrumented
-service, read from its ``/metrics``.
+service, read from its ``/metrics``; with ``--html FILE`` a page to attach to a ticket
+(``stagelens.report_html``).
 
 Why from ``/metrics`` and not traces: it works against any running service with no
 collector, and the quantiles are computed exactly as Prometheus's ``histogram_quantile``
@@ -13,6 +14,7 @@ import math
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -79,31 +81,60 @@ def _ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:8.2f}"
 
 
-def render_table(text: str) -> str:
-    """The table: stage, budget, p50, p95, mean share of end-to-end time."""
-    hists, budgets = parse_metrics(text)
+@dataclass(frozen=True)
+class StageRow:
+    """One line of the stage table: seconds (NaN when unknown), share of end-to-end."""
+
+    stage: str
+    budget: float
+    p50: float
+    p95: float
+    share: float
+    count: int
+
+
+def stage_rows(
+    hists: dict[tuple[str, str], Histogram], budgets: dict[str, float]
+) -> list[StageRow]:
+    """The seven stages in request order, then users' own stages by name."""
     e2e = hists.get((sc.REQUEST_DURATION, ""))
     e2e_mean = e2e.mean if e2e is not None else math.nan
     stages = [s.value for s in STAGE_ORDER]
     stages += sorted(
         {stage for (metric, stage) in hists if metric == sc.STAGE_DURATION} - set(stages)
     )
+    rows = []
+    for stage in stages:
+        hist = hists.get((sc.STAGE_DURATION, stage))
+        budget = budgets.get(stage, math.nan)
+        if hist is None or hist.count == 0:
+            rows.append(StageRow(stage, budget, math.nan, math.nan, math.nan, 0))
+            continue
+        share = hist.mean / e2e_mean if e2e_mean and not math.isnan(e2e_mean) else math.nan
+        rows.append(
+            StageRow(stage, budget, hist.quantile(0.5), hist.quantile(0.95), share, int(hist.count))
+        )
+    return rows
+
+
+def render_table(text: str) -> str:
+    """The table: stage, budget, p50, p95, mean share of end-to-end time."""
+    hists, budgets = parse_metrics(text)
     lines = [
         f"{'stage':14s} {'budget ms':>10s} {'p50 ms':>9s} {'p95 ms':>9s} {'share':>7s} "
         f"{'count':>7s}",
         "-" * 62,
     ]
-    for stage in stages:
-        hist = hists.get((sc.STAGE_DURATION, stage))
-        if hist is None or hist.count == 0:
-            lines.append(f"{stage:14s} {_ms(budgets.get(stage, math.nan)):>10s} (no samples)")
+    for row in stage_rows(hists, budgets):
+        if row.count == 0:
+            lines.append(f"{row.stage:14s} {_ms(row.budget):>10s} (no samples)")
             continue
-        share = hist.mean / e2e_mean if e2e_mean and not math.isnan(e2e_mean) else math.nan
         lines.append(
-            f"{stage:14s} {_ms(budgets.get(stage, math.nan)):>10s} {_ms(hist.quantile(0.5)):>9s} "
-            f"{_ms(hist.quantile(0.95)):>9s} {share * 100:6.1f}% {int(hist.count):7d}"
+            f"{row.stage:14s} {_ms(row.budget):>10s} {_ms(row.p50):>9s} "
+            f"{_ms(row.p95):>9s} {row.share * 100:6.1f}% {row.count:7d}"
         )
     lines.append("-" * 62)
+    e2e = hists.get((sc.REQUEST_DURATION, ""))
     if e2e is not None and e2e.count:
         lines.append(
             f"{'end-to-end':14s} {'':>10s} {_ms(e2e.quantile(0.5)):>9s} "
@@ -129,9 +160,34 @@ def fetch(url: str, timeout: float = 10.0) -> str:
 def add_parser(subparsers: Any) -> None:
     """``stagelens report``."""
     parser = subparsers.add_parser(
-        "report", help="print the per-stage latency table from a service's /metrics"
+        "report",
+        help="print the per-stage latency table from a service's /metrics, or write a page",
     )
-    parser.add_argument("--metrics-url", required=True, help="e.g. http://127.0.0.1:8080/metrics")
+    parser.add_argument(
+        "--metrics-url",
+        required=True,
+        help="e.g. http://127.0.0.1:9464/metrics (the demo gateway's internal metrics port)",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        default=None,
+        help="write one self-contained HTML page (stage table, TTFT and ITL distributions, "
+        "the slowest trace's waterfall, tokens and cost by tenant) instead",
+    )
+    parser.add_argument(
+        "--traces",
+        metavar="URL",
+        default=None,
+        help="trace source for --html: a receiver's query API (default: the running "
+        "demo's, http://127.0.0.1:4318)",
+    )
+    parser.add_argument(
+        "--trace-file", type=Path, default=None, help="or OTLP/JSON spans from this file"
+    )
+    parser.add_argument(
+        "--trace-id", default=None, help="draw this trace instead of the slowest one"
+    )
     parser.set_defaults(func=_run)
 
 
@@ -141,5 +197,9 @@ def _run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stagelens report: cannot read {args.metrics_url}: {exc}")
         return 1
+    if args.html is not None:
+        from stagelens.report_html import write_report
+
+        return write_report(args, text)
     print(render_table(text))
     return 0

@@ -47,6 +47,7 @@ class RequestState:
         "telemetry",
         "tenant",
         "token_times",
+        "tokenless",
         "upstream_usage",
         "usage",
     )
@@ -75,11 +76,13 @@ class RequestState:
         self.request_id: str | None = None
         self.stage_times: list[tuple[str, float]] = []
         """(stage, seconds) recorded at request end, when the model label is known."""
+        self.tokenless = False
+        """The answer carries no generated tokens (embeddings): it has no first token."""
 
     @property
     def first_token_at(self) -> float | None:
         """When the first content byte went to the client (``perf_counter()``), or None."""
-        return self.token_times[0] if self.token_times else None
+        return self.token_times[0] if self.token_times and not self.tokenless else None
 
     @property
     def model_label(self) -> str:
@@ -97,6 +100,23 @@ class RequestState:
         self.tenant = tenant
         if self.root_span.is_recording():
             self.root_span.set_attribute(sc.ATTR_TENANT, self.telemetry.tenants.label(tenant))
+
+    def set_tokenless(self) -> None:
+        """Say that the answer generates no tokens (an embedding): its first body byte is no
+        first token, so the request records no time to first token."""
+        self.tokenless = True
+
+    def add_stage_time(self, stage: Stage | str, seconds: float) -> None:
+        """Add ``seconds`` of work done in pieces outside a ``stage()`` block (a stream's
+        per-event post-processing) to the stage's time for this request: added to the last
+        time recorded for that stage (one observation per stage), or recorded alone."""
+        name = stage.value if isinstance(stage, Stage) else str(stage)
+        times = self.stage_times
+        for i in range(len(times) - 1, -1, -1):
+            if times[i][0] == name:
+                times[i] = (name, times[i][1] + seconds)
+                return
+        times.append((name, seconds))
 
     def reject(self, stage: Stage | str) -> None:
         """Record that ``stage`` answered the request with an error."""

@@ -5,6 +5,12 @@ strings, so they are a contract: a change to one is listed in the CHANGELOG. Cod
 spells a name inline; it imports the constant from here, so a rename is one edit plus the
 places the type checker and the drift checks point at.
 
+What each name is (kind, unit, labels or attributes, emitter) is declared beside it in
+``stagelens.semconv_spec``; ``docs/telemetry.md`` is generated from the two (``make
+generate``). A new metric, instrument or attribute constant needs its spec there (the tests
+and the generator fail without); label values named ``COMPONENT_*``, ``PHASE_*``, ... are
+picked up by their prefix.
+
 Prometheus names follow the naming guide: ``stagelens_`` prefix, base units with a plural
 suffix, ``_total`` on counters, ``_ratio`` for 0-1 values. The OpenTelemetry GenAI attribute
 keys are the v1.41 semantic-convention names.
@@ -72,11 +78,26 @@ GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
 GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
 """Completion content; recorded only when content capture is enabled."""
 SERVER_ADDRESS: Final = "server.address"
-"""Host of the upstream server."""
+"""Host of the server: the gateway's own on the root span, the upstream's on the inference
+span."""
 SERVER_PORT: Final = "server.port"
-"""Port of the upstream server."""
+"""Port of the server (the gateway's on the root span, the upstream's on the inference span)."""
 ERROR_TYPE: Final = "error.type"
 """Exception class name or HTTP status code on failure."""
+
+# HTTP semantic conventions on the gateway's root (SERVER) span.
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+"""HTTP method of the request as received."""
+HTTP_ROUTE: Final = "http.route"
+"""The matched route template (e.g. ``/v1/chat/completions``), when the framework names one."""
+HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
+"""HTTP status code sent to the client (499 when the client went away first)."""
+URL_PATH: Final = "url.path"
+"""Path of the request URL, without the query string."""
+URL_SCHEME: Final = "url.scheme"
+"""``http`` or ``https``."""
+CLIENT_ADDRESS: Final = "client.address"
+"""Address of the client as the ASGI server saw it."""
 
 GEN_AI_PROVIDER_VLLM: Final = "vllm"
 """Value of ``gen_ai.provider.name`` for vLLM."""
@@ -84,6 +105,8 @@ GEN_AI_OPERATION_CHAT: Final = "chat"
 """``gen_ai.operation.name`` for chat completions."""
 GEN_AI_OPERATION_TEXT_COMPLETION: Final = "text_completion"
 """``gen_ai.operation.name`` for legacy completions."""
+GEN_AI_OPERATION_EMBEDDINGS: Final = "embeddings"
+"""``gen_ai.operation.name`` for embeddings (no output tokens, no time to first token)."""
 
 CAPTURE_MESSAGE_CONTENT_ENV: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """Environment variable that opts in to recording prompt/completion text (off by default)."""
@@ -163,7 +186,7 @@ GPU_SM_CLOCK: Final = "stagelens_gpu_sm_clock_hertz"
 GPU_CLOCK_EVENT_REASONS: Final = "stagelens_gpu_clock_event_reasons"
 """Gauge {gpu, uuid, name}: NVML clock-event (throttle) reasons bitmask (0x1 idle, 0x4 SW cap)."""
 GPU_PROCESS_MEMORY_USED: Final = "stagelens_gpu_process_memory_used_bytes"
-"""Gauge {gpu, uuid, name, pid}: framebuffer used by one compute process."""
+"""Gauge {gpu, uuid, name, pid, process}: framebuffer used by one compute process."""
 GPU_COST_PER_HOUR: Final = "stagelens_gpu_cost_usd_per_hour"
 """Gauge {gpu, uuid, name}: configured price of one GPU-hour (STAGELENS_GPU_COST_USD_PER_HOUR)."""
 LABEL_PID: Final = "pid"
@@ -229,6 +252,20 @@ OTEL_GPU_COLLECTOR_UP: Final = "stagelens.gpu.collector.up"
 """OTel gauge, unit ``1``: 1 when NVML answered on the last collection, else 0."""
 COMPONENT_NVML: Final = "nvml"
 """``component`` label value: an unexpected (non-NVML) failure while reading the GPUs."""
+COMPONENT_UPSTREAM: Final = "upstream"
+"""``component`` label value: the upstream (httpx) instrumentation failed; the call went on."""
+COMPONENT_CONTEXT: Final = "context"
+"""``component`` label value: a stage's OpenTelemetry context could not be detached."""
+COMPONENT_SHUTDOWN_FLUSH: Final = "shutdown_flush"
+"""``component`` label value: flushing spans at application shutdown failed."""
+COMPONENT_REQUEST_HOOK: Final = "request_hook"
+"""``component`` label value: the user's ``request_hook`` raised (recorded on the span)."""
+COMPONENT_RESPONSE_HOOK: Final = "response_hook"
+"""``component`` label value: the user's ``response_hook`` raised (recorded on the span)."""
+COMPONENT_BILLING: Final = "billing"
+"""``component`` label value: billing a finished request failed."""
+COMPONENT_METRICS: Final = "metrics"
+"""``component`` label value: recording a finished request's metrics failed."""
 REJECTIONS: Final = "stagelens_rejections_total"
 """Counter {stage, model, code}: requests answered with an error by the stage that rejected
 them (401/429 at the gateway, 404 at the router, 400 at the tokenizer, ...)."""
@@ -265,6 +302,10 @@ LABEL_COMPONENT: Final = "component"
 """Telemetry component that failed (hook, exporter, nvml, vllm_plugin, ...)."""
 LABEL_REASON: Final = "reason"
 """Why something was dropped."""
+REASON_QUEUE_FULL: Final = "queue_full"
+"""``reason`` label value: dropped before export, more spans waiting than the queue bound."""
+REASON_EXPORT_FAILED: Final = "export_failed"
+"""``reason`` label value: dropped by a failed export (collector down, refused, timed out)."""
 
 TOKEN_TYPE_INPUT: Final = "input"
 """``type`` label value: prompt tokens, cached included."""

@@ -41,8 +41,3 @@ DEFAULT_STAGE_BUDGETS_SECONDS: Final[dict[str, float]] = {
 }
 """Per-stage latency budgets (the well-known breakdown), exported as
 ``stagelens_stage_budget_seconds`` and used by the dashboards' budget table."""
-
-
-def stage_name(stage: Stage | str) -> str:
-    """Return the label value for a canonical or user stage."""
-    return stage.value if isinstance(stage, Stage) else str(stage)

@@ -45,16 +45,41 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
-    """The primary real vLLM server, serving the tiny model as ``tiny``; started once.
+    """The primary real vLLM server, serving the tiny model as ``tiny``, tool calls on (as
+    the demo starts it); started once.
 
     Never kill this one in a test: start a dedicated server for destructive tests.
     """
+    from stagelens.reference.tinymodel import TOOL_CALL_PARSER
+
     server = VllmServer(
         model=str(tiny_model),
         port=free_port(),
         served_model_names=("tiny", "tiny-chat"),
         log_path=ARTIFACTS / "vllm-primary.log",
         env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
+        tool_call_parser=TOOL_CALL_PARSER,
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout=float(os.environ.get("STAGELENS_VLLM_START_TIMEOUT", "600")))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_embed_server(tiny_model: Path) -> Iterator[VllmServer]:
+    """A vLLM pooling server serving the tiny model for embeddings as ``tiny-embed``;
+    started once, only for the tests that ask for it."""
+    server = VllmServer(
+        model=str(tiny_model),
+        port=free_port(),
+        served_model_names=("tiny-embed",),
+        log_path=ARTIFACTS / "vllm-embed.log",
+        env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
+        embed=True,
+        max_model_len=512,
     )
     server.start()
     try:

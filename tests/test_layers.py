@@ -23,9 +23,11 @@ FOLDERS = {
 }
 """Import package -> the folder setuptools maps it from (pyproject ``package-dir``)."""
 
-ENTRY = {"stagelens", "stagelens.cli", "stagelens.testing"}
+ENTRY = {"stagelens", "stagelens.cli", "stagelens.gpu_exporter_cli", "stagelens.testing"}
 """Modules that wire the layers together for users: the package facade, the console
-script and the public test helpers. They may import any layer."""
+script and the public test helpers. They may import any layer.
+``gpu_exporter_cli`` is the console script's ``gpu-exporter`` subcommand: it serves an
+exporter's collector, so it sits in the entry layer beside ``cli``."""
 
 ALLOWED = {
     "core": {"core"},

@@ -12,13 +12,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from stagelens.reference.app import create_app
+    from stagelens.reference.app import create_app, metrics_app
     from stagelens.reference.config import GatewayConfig, ModelPool, demo_config
 
-__all__ = ["GatewayConfig", "ModelPool", "create_app", "demo_config"]
+__all__ = ["GatewayConfig", "ModelPool", "create_app", "demo_config", "metrics_app"]
 
 _HOMES = {
     "create_app": "stagelens.reference.app",
+    "metrics_app": "stagelens.reference.app",
     "GatewayConfig": "stagelens.reference.config",
     "ModelPool": "stagelens.reference.config",
     "demo_config": "stagelens.reference.config",

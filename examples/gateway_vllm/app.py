@@ -4,43 +4,44 @@ Order per request (the seven stages of ``stagelens.Stage``): ``gateway`` (stagel
 middleware hooks: API key, rate limit, schema), ``load_balancer`` (backend choice),
 ``tokenizer`` (real token count, context window), ``router`` (model -> pool, admission),
 ``inference`` (the instrumented httpx call), ``postprocess`` (safety, stop sequences,
-framing), ``billing``.
+framing), ``billing``. The request flow is in ``flow``, the relay of answers in ``relay``.
 """
 
 from __future__ import annotations
 
-import json
+import secrets
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import anyio
 import httpx
 from fastapi import FastAPI, Request
 from stagelens.instrumentation import Telemetry, default_telemetry
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
-from stagelens.reference.pipeline import (
-    Pool,
-    Router,
-    SafetyCheck,
-    TokenCounter,
-    apply_stops,
-    blocklist_classifier,
-    check_context,
-)
+from stagelens.reference.flow import REQUEST_KEY, TENANT_KEY, complete, embed
+from stagelens.reference.pipeline import Pool, Router, SafetyCheck, blocklist_classifier
 from stagelens.reference.policy import ApiKeyAuth, TokenBucketLimiter
-from stagelens.reference.schema import ChatRequest, CompletionRequest, parse
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from stagelens.reference.schema import ChatRequest, CompletionRequest, EmbeddingRequest, parse
+from stagelens.reference.tokens import TokenCounter
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse, Response
 
 import stagelens
-from stagelens import PriceTable, Rejected, Stage, current_request, record_usage, stage
+from stagelens import PriceTable, Rejected, record_usage
 
-REQUEST_KEY = "stagelens.reference.request"
-TENANT_KEY = "stagelens.reference.tenant"
+_BODIES: dict[str, type[Any]] = {
+    "/v1/chat/completions": ChatRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/embeddings": EmbeddingRequest,
+}
+"""The routes whose JSON body the gateway stage validates, and their schema."""
+
+PUBLIC_PATHS = ("/health",)
+"""Paths served without an API key (``/health`` tells only up or down)."""
 
 
 @dataclass
@@ -61,17 +62,19 @@ class Gateway:
         self.config = config
         backends: dict[str, Backend] = {}
         pools: dict[str, Pool] = {}
-        self.tokenizers: dict[str, TokenCounter] = {}
+        self.tokenizers: dict[tuple[str, str], TokenCounter] = {}
         for name, pool_config in config.models.items():
             members = [backends.setdefault(u, Backend(u)) for u in pool_config.backends]
             pools[name] = Pool(name, pool_config, Balancer(members, config.balancing))
-            if pool_config.tokenizer not in self.tokenizers:
-                self.tokenizers[pool_config.tokenizer] = TokenCounter(pool_config.tokenizer)
+            key = (pool_config.tokenizer, pool_config.chat_template_content_format)
+            if key not in self.tokenizers:
+                self.tokenizers[key] = TokenCounter(*key)
         self.backends = list(backends.values())
         self.router = Router(pools)
         self.health = HealthChecker(self.backends, config.health_interval_seconds)
         self.safety = safety or blocklist_classifier(config.blocked_terms)
         self.usage: dict[str, TenantUsage] = defaultdict(TenantUsage)
+        self.started = int(time.time())
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_seconds, connect=5.0),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
@@ -79,15 +82,52 @@ class Gateway:
 
     def validate(self, scope: dict[str, Any], body: bytes) -> None:
         """Body hook (gateway stage): schema validation, 400 naming the bad field."""
-        path = scope.get("path", "")
-        kind = ChatRequest if path.endswith("/chat/completions") else CompletionRequest
-        if path.endswith("/completions"):
+        kind = _BODIES.get(scope.get("path", ""))
+        if kind is not None and scope.get("method") == "POST":
             scope[REQUEST_KEY] = parse(body, kind)
 
     def tokenizer_for(self, model: str) -> TokenCounter | None:
         """The token counter of a served model (None for an unknown name)."""
         pool = self.router.pools.get(model)
-        return self.tokenizers[pool.config.tokenizer] if pool is not None else None
+        if pool is None:
+            return None
+        return self.tokenizers[(pool.config.tokenizer, pool.config.chat_template_content_format)]
+
+    def model_card(self, name: str) -> dict[str, Any]:
+        """A served model in vLLM's ``/v1/models`` format (the router's pool ``name``)."""
+        pool = self.router.pools[name]
+        return {
+            "id": name,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "vllm",
+            "root": pool.upstream_model,
+            "parent": None,
+            "max_model_len": pool.config.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{secrets.token_hex(8)}",
+                    "object": "model_permission",
+                    "created": self.started,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+
+    @property
+    def up(self) -> bool:
+        """Every pool has a healthy backend."""
+        return all(
+            any(b.healthy for b in pool.balancer.backends) for pool in self.router.pools.values()
+        )
 
     def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
         """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger."""
@@ -109,13 +149,6 @@ def _error(rejection: Rejected) -> JSONResponse:
     )
 
 
-def _reject(stage_name: Stage) -> None:
-    """Attribute an error answered outside a ``stage()`` block to the stage that failed."""
-    state = current_request()
-    if state is not None:
-        state.reject(stage_name)
-
-
 def _serving(
     telemetry: Telemetry | None, config: GatewayConfig, prices: PriceTable | None
 ) -> Telemetry:
@@ -130,13 +163,26 @@ def _serving(
     return base.derive(prices=prices, **overrides)
 
 
+def _http_error(exc: HTTPException) -> Rejected:
+    """Starlette's own errors (no such route, wrong method) in OpenAI's format."""
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    return Rejected(
+        exc.status_code,
+        str(exc.detail),
+        type="invalid_request_error" if exc.status_code < 500 else "server_error",
+        code=codes.get(exc.status_code, f"http_{exc.status_code}"),
+        headers=dict(exc.headers or {}),
+    )
+
+
 def create_app(
     config: GatewayConfig,
     *,
     telemetry: Telemetry | None = None,
     safety: SafetyCheck | None = None,
 ) -> FastAPI:
-    """Build the gateway app, instrumented with stagelens (``/metrics`` served by it).
+    """Build the gateway app, instrumented with stagelens. Its ``/metrics`` is not on this
+    app (the public API's port): serve :func:`metrics_app` on an internal port.
 
     The app records through a copy of ``telemetry`` (or of the default one) that knows
     what the gateway knows: the router's models are the served ones, so a request for a
@@ -167,13 +213,33 @@ def create_app(
     async def rejected(request: Request, exc: Rejected) -> Response:
         return _error(exc)
 
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return _error(_http_error(exc))
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [gateway.model_card(n) for n in gateway.router.pools]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        if model not in gateway.router.pools:
+            raise Rejected(
+                404, f"The model {model!r} does not exist.", param="model", code="model_not_found"
+            )
+        return gateway.model_card(model)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await _complete(gateway, request, chat=True)
+        return await complete(gateway, request, chat=True)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await _complete(gateway, request, chat=False)
+        return await complete(gateway, request, chat=False)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await embed(gateway, request)
 
     @app.get("/v1/usage")
     async def usage(request: Request) -> Response:
@@ -181,10 +247,11 @@ def create_app(
         return JSONResponse({"tenant": tenant, **asdict(gateway.usage[str(tenant)])})
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"backends": {b.url: b.healthy for b in gateway.backends}}
+    async def health() -> Response:
+        up = gateway.up
+        return JSONResponse({"status": "up" if up else "down"}, status_code=200 if up else 503)
 
-    auth = ApiKeyAuth(config.api_keys)
+    auth = ApiKeyAuth(config.api_keys, public_paths=PUBLIC_PATHS)
     limiter = TokenBucketLimiter(config.rate_limit_per_second, config.rate_limit_burst)
     stagelens.instrument_app(
         app,
@@ -192,408 +259,11 @@ def create_app(
         auth_hook=auth,
         rate_limit_hook=limiter,
         body_hook=gateway.validate,
-        metrics_path="/metrics",
     )
     return app
 
 
-class _Lease:
-    """What one request holds: a backend (counted in its ``outstanding`` from assignment,
-    so least-outstanding sees queued requests too) and an admission slot. Released once."""
-
-    __slots__ = ("backend", "pool")
-
-    def __init__(self) -> None:
-        self.backend: Backend | None = None
-        self.pool: Pool | None = None
-
-    def release(self) -> None:
-        if self.backend is not None:
-            self.backend.outstanding -= 1
-            self.backend = None
-        if self.pool is not None:
-            self.pool.release()
-            self.pool = None
-
-
-async def _complete(gateway: Gateway, request: Request, *, chat: bool) -> Response:
-    req = request.scope[REQUEST_KEY]
-    tenant = str(request.scope.get(TENANT_KEY, "other"))
-    pool = gateway.router.pools.get(req.model)
-    state = current_request()
-    if pool is not None and state is not None:
-        # Only a model the router serves names the metric series; any other name keeps the
-        # default label, so random model names cannot create new series.
-        state.set_model(req.model)
-    lease = _Lease()
-    handed_over = False
-    try:
-        with stage(Stage.LOAD_BALANCER):
-            prefix = ("".join(m.content for m in req.messages) if chat else req.prompt)[
-                : gateway.config.prefix_affinity_chars
-            ]
-            if pool is not None:
-                lease.backend = pool.balancer.assign(prefix)
-
-        with stage(Stage.TOKENIZER):
-            counter = gateway.tokenizers[pool.config.tokenizer] if pool is not None else None
-            prompt_tokens = 0
-            if counter is not None and pool is not None:
-                prompt_tokens = (
-                    counter.count_chat([m.model_dump() for m in req.messages])
-                    if chat
-                    else counter.count_text(req.prompt)
-                )
-                check_context(prompt_tokens, req.output_limit, pool.config.max_model_len)
-
-        with stage(Stage.ROUTER):
-            pool = gateway.router.route(req.model)
-            await pool.acquire()
-            lease.pool = pool
-
-        body = req.model_dump(exclude_none=True)
-        body["model"] = pool.upstream_model
-        wants_usage = bool(req.stream and req.stream_options and req.stream_options.include_usage)
-        wants_token_ids = bool(body.get("return_token_ids"))
-        if req.stream:
-            body["stream_options"] = {"include_usage": True}
-            # vLLM then lists each event's token ids: a stream cut before the usage event
-            # is billed the exact count received, not an estimate.
-            body["return_token_ids"] = True
-        path = "/v1/chat/completions" if chat else "/v1/completions"
-        upstream = await _send(gateway, pool, lease, prefix, path, body, req.stream)
-        if upstream.status_code >= 400:
-            return await _upstream_error(upstream)
-        if not req.stream:
-            return await _finish_json(gateway, upstream, req, tenant, prompt_tokens, chat)
-        response = _RelayResponse(
-            _relay(
-                gateway,
-                upstream,
-                req,
-                tenant,
-                prompt_tokens,
-                _Strip(usage=not wants_usage, token_ids=not wants_token_ids),
-                chat,
-                lease,
-            ),
-            media_type="text/event-stream",
-        )
-        handed_over = True  # the relay releases the lease when the stream ends
-        return response
-    finally:
-        if not handed_over:
-            lease.release()
-
-
-async def _send(
-    gateway: Gateway,
-    pool: Pool,
-    lease: _Lease,
-    prefix: str,
-    path: str,
-    body: dict[str, Any],
-    stream: bool,
-) -> httpx.Response:
-    """Inference stage: call the backend; fail over to another on a connection error.
-
-    Errors answered here happen outside any ``stage()`` block, so each names the stage that
-    failed: the load balancer when no healthy backend is left, inference for a timeout.
-    """
-    tried: list[Backend] = []
-    while True:
-        backend = lease.backend
-        assert backend is not None
-        try:
-            return await gateway.client.send(
-                gateway.client.build_request("POST", backend.url + path, json=body),
-                stream=stream,
-            )
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            # No answer at all from this backend: take it out (passive check, until the
-            # active check says otherwise) and try another.
-            backend.healthy = False
-            backend.outstanding -= 1
-            lease.backend = None
-            tried.append(backend)
-            try:
-                lease.backend = pool.balancer.assign(prefix, exclude=tried)
-            except Rejected:
-                _reject(Stage.LOAD_BALANCER)
-                raise Rejected(
-                    503,
-                    f"Backend unavailable: {type(exc).__name__}",
-                    type="server_error",
-                    code="backend_unavailable",
-                ) from exc
-        except httpx.TimeoutException as exc:
-            _reject(Stage.INFERENCE)
-            raise Rejected(
-                504,
-                "The model server did not answer in time.",
-                type="server_error",
-                code="upstream_timeout",
-            ) from exc
-        except httpx.HTTPError as exc:
-            _reject(Stage.INFERENCE)
-            raise Rejected(
-                502,
-                f"The model server call failed: {type(exc).__name__}",
-                type="server_error",
-                code="upstream_error",
-            ) from exc
-
-
-def _client_status(upstream_status: int) -> int:
-    """The status the client gets for an upstream error status.
-
-    A 4xx other than 401/403/404/429 means the engine found the request invalid: passed on.
-    401/403/404 from the engine mean the gateway's own upstream settings are wrong, and other
-    5xx a broken engine: 502. 429/503 mean the engine is full: 503. 504 stays 504.
-    """
-    if upstream_status in (401, 403, 404):
-        return 502
-    if upstream_status in (429, 503):
-        return 503
-    if upstream_status == 504 or 400 <= upstream_status < 500:
-        return upstream_status
-    return 502
-
-
-async def _upstream_error(upstream: httpx.Response) -> Response:
-    """Answer an upstream error status (before any byte was streamed) with the mapped status
-    and an OpenAI-style body carrying the engine's message; the inference stage rejected."""
-    try:
-        raw = await upstream.aread()
-    finally:
-        await upstream.aclose()
-    message = raw.decode(errors="replace")[:500] or f"HTTP {upstream.status_code}"
-    param = None
-    try:
-        payload = json.loads(raw)
-        error = payload.get("error", payload) if isinstance(payload, dict) else None
-        if isinstance(error, dict):
-            message = str(error.get("message") or message)
-            param = error.get("param") if isinstance(error.get("param"), str) else None
-    except ValueError:
-        pass
-    status = _client_status(upstream.status_code)
-    _reject(Stage.INFERENCE)
-    return _error(
-        Rejected(
-            status,
-            f"The model server answered {upstream.status_code}: {message}",
-            type="invalid_request_error" if status < 500 else "server_error",
-            code="upstream_rejected" if status < 500 else "upstream_error",
-            param=param,
-        )
-    )
-
-
-async def _finish_json(
-    gateway: Gateway,
-    upstream: httpx.Response,
-    req: Any,
-    tenant: str,
-    prompt_tokens: int,
-    chat: bool,
-) -> Response:
-    payload = upstream.json()
-    with stage(Stage.POSTPROCESS):
-        for choice in payload.get("choices", []):
-            key = "message" if chat else None
-            text = (choice.get(key) or {}).get("content") if key else choice.get("text")
-            text = text or ""
-            text, stopped = apply_stops(text, req.stops)
-            if stopped:
-                choice["finish_reason"] = "stop"
-            if not gateway.safety(text):
-                text, choice["finish_reason"] = "", "content_filter"
-            if key:
-                choice[key]["content"] = text
-            else:
-                choice["text"] = text
-        payload.pop("metrics", None)
-    usage = payload.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    gateway.bill(
-        tenant,
-        int(usage.get("prompt_tokens", prompt_tokens)),
-        int(usage.get("completion_tokens", 0)),
-        int(details.get("cached_tokens") or 0),
-    )
-    return JSONResponse(payload)
-
-
-def _event(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-@dataclass(frozen=True)
-class _Strip:
-    """What the gateway asked vLLM for on its own account and removes from the client's
-    stream unless the client asked too: the usage event and the per-event token ids."""
-
-    usage: bool
-    token_ids: bool
-
-
-class _Counted:
-    """Tokens seen in the relayed stream, from vLLM's ``return_token_ids`` lists."""
-
-    def __init__(self) -> None:
-        self.prompt: int | None = None  # from ``prompt_token_ids`` (first event)
-        self.output = 0
-        self.exact = False  # some event carried token ids: ``output`` is exact
-
-    def take(self, holder: dict[str, Any], strip: bool) -> None:
-        """Count ``holder``'s token id lists, removing them when ``strip``."""
-        prompt = holder.pop("prompt_token_ids", None) if strip else holder.get("prompt_token_ids")
-        if isinstance(prompt, list):
-            self.prompt = len(prompt)
-        ids = holder.pop("token_ids", None) if strip else holder.get("token_ids")
-        if isinstance(ids, list):
-            self.output += len(ids)
-            self.exact = True
-
-
-class _RelayResponse(StreamingResponse):
-    """A StreamingResponse that always closes its relay itself, in the request's context.
-
-    Why: when the client goes away while a chunk is being sent, Starlette abandons the body
-    iterator; left to the garbage collector, the relay's cleanup (closing the upstream,
-    which makes vLLM abort; releasing the backend and admission slot; billing) would run
-    late and outside the request, after its metrics were recorded.
-    """
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.CancelScope(shield=True):
-                    await aclose()
-
-
-async def _relay(
-    gateway: Gateway,
-    upstream: httpx.Response,
-    req: Any,
-    tenant: str,
-    prompt_tokens: int,
-    strip: _Strip,
-    chat: bool,
-    lease: _Lease,
-) -> AsyncIterator[bytes]:
-    """Pass the upstream SSE stream through event by event (never buffered): stop
-    sequences and the safety check per event, usage stripped unless asked for; a backend
-    dying mid-stream ends the client's stream with an error event; a stop sequence, a
-    safety cut or the client going away closes the upstream connection, which aborts the
-    generation; billing always runs with what was generated."""
-    text = ""  # what the client was sent
-    pieces: list[str] = []  # every content piece the engine produced
-    counted = _Counted()  # tokens received, for a stream cut before the usage event
-    usage: dict[str, Any] | None = None
-    upstream_done = False  # [DONE] seen: read on to the end so the connection is reused
-    cut = False  # the gateway ended the stream (stop sequence, safety check)
-    buffer = b""
-    try:
-        try:
-            async for chunk in upstream.aiter_raw():
-                if upstream_done:
-                    continue
-                buffer += chunk
-                while b"\n\n" in buffer:
-                    raw, buffer = buffer.split(b"\n\n", 1)
-                    if not raw.startswith(b"data:"):
-                        continue
-                    data = raw[5:].strip()
-                    if data == b"[DONE]":
-                        upstream_done = True
-                        break
-                    event = json.loads(data)
-                    if event.get("usage") is not None and not event.get("choices"):
-                        usage = event["usage"]
-                        if not strip.usage:
-                            event.pop("metrics", None)
-                            yield _event(event)
-                        continue
-                    event.pop("usage", None)
-                    counted.take(event, strip.token_ids)
-                    for choice in event.get("choices", []):
-                        counted.take(choice, strip.token_ids)
-                        delta = choice.get("delta", {}) if chat else choice
-                        piece = delta.get("content") if chat else delta.get("text")
-                        if piece:
-                            pieces.append(piece)
-                            kept, stopped = apply_stops(text + piece, req.stops)
-                            if stopped or not gateway.safety(kept):
-                                keep = kept[len(text) :] if stopped else ""
-                                if chat:
-                                    delta["content"] = keep
-                                else:
-                                    delta["text"] = keep
-                                choice["finish_reason"] = "stop" if stopped else "content_filter"
-                                cut = True
-                            text = kept
-                    yield _event(event)
-                    if cut:
-                        break
-                if cut:
-                    break
-        except httpx.HTTPError as exc:
-            if not upstream_done and usage is None:
-                _reject(Stage.INFERENCE)
-                yield _event(
-                    {
-                        "error": {
-                            "message": f"Model server failed mid-stream: {type(exc).__name__}",
-                            "type": "server_error",
-                            "code": "upstream_failed",
-                        }
-                    }
-                )
-                return
-        with stage(Stage.POSTPROCESS):
-            safe = gateway.safety(text)
-        if not safe:
-            yield _event(
-                {
-                    "error": {
-                        "message": "Response withheld by the safety check.",
-                        "type": "content_filter",
-                        "code": "content_filter",
-                    }
-                }
-            )
-        yield b"data: [DONE]\n\n"
-    finally:
-        # Shielded: when the client goes away this runs inside a cancelled scope, and the
-        # close must still reach the engine (closing the connection aborts the generation).
-        with anyio.CancelScope(shield=True):
-            await upstream.aclose()
-        lease.release()
-        if usage is not None:
-            details = usage.get("prompt_tokens_details") or {}
-            gateway.bill(
-                tenant,
-                int(usage.get("prompt_tokens", prompt_tokens)),
-                int(usage.get("completion_tokens", 0)),
-                int(details.get("cached_tokens") or 0),
-            )
-        else:
-            # Cut short before the engine's usage: bill the token ids vLLM listed in the
-            # events received (exact); an engine without ``return_token_ids`` falls back
-            # to the tokenizer stage's prompt count and the generated text re-tokenized,
-            # which can differ by a few tokens. Cached prompt tokens are unknown without
-            # the engine's usage and billed as 0 (full input price), which can only
-            # overcharge by the cache discount.
-            if counted.exact:
-                output = counted.output
-            else:
-                counter = gateway.tokenizer_for(req.model)
-                generated = "".join(pieces)
-                output = counter.count_generated(generated) if counter and generated else 0
-            prompt = counted.prompt if counted.prompt is not None else prompt_tokens
-            gateway.bill(tenant, prompt, output, 0)
+def metrics_app(app: FastAPI) -> Any:
+    """The ASGI app serving the gateway's Prometheus metrics, for an internal port of its
+    own (``config.metrics_host``/``metrics_port``; the demo serves it there)."""
+    return app.state.telemetry.metrics_app()

@@ -6,8 +6,9 @@ Why pydantic: a typo in a config file must fail at start-up with the field named
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -35,6 +36,18 @@ class ModelPool(BaseModel):
     """Admission control: requests in flight to this pool at once."""
     admission_timeout_seconds: float = Field(default=5.0, gt=0)
     """How long a request may wait for admission before 503."""
+    task: Literal["generate", "embed"] = "generate"
+    """What the backends serve: ``generate`` (chat and completions) or ``embed``
+    (``/v1/embeddings``, a vLLM pooling server: the router sends embedding requests only to
+    such a pool)."""
+    chat_template_content_format: Literal["string", "openai"] = "string"
+    """How the backends hand message content to the chat template, as vLLM resolved its
+    ``--chat-template-content-format`` (its log says which): the tokenizer stage renders
+    the same way, so its count is vLLM's."""
+    input_modalities: tuple[Literal["text", "image", "audio", "video", "file"], ...] = ("text",)
+    """What the served model takes in message content: a part of another kind answers 400
+    naming it before any engine work; image, audio... parts of a listed kind go to the
+    engine (the tokenizer stage counts only text, so the context check is a lower bound)."""
 
 
 class GatewayConfig(BaseModel):
@@ -62,6 +75,10 @@ class GatewayConfig(BaseModel):
     """Default safety classifier: a completion containing one of these is withheld."""
     price_table: Path | None = None
     """Price table YAML for billing (None: stagelens's documented default)."""
+    metrics_host: str = "127.0.0.1"
+    """Where the internal ``/metrics`` server listens (never the public API's port)."""
+    metrics_port: int = Field(default=9464, gt=0, le=65535)
+    """Port of the internal ``/metrics`` server."""
 
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:
@@ -75,14 +92,29 @@ class GatewayConfig(BaseModel):
             raise ConfigurationError(f"invalid gateway config {path}: {exc}") from exc
 
 
-def demo_config(backends: list[str], model_dir: str, api_key: str = DEMO_API_KEY) -> GatewayConfig:
+def demo_config(
+    backends: list[str],
+    model_dir: str,
+    api_key: str = DEMO_API_KEY,
+    embed_backends: Sequence[str] = (),
+    **overrides: Any,
+) -> GatewayConfig:
     """The demo: two served models, ``tiny`` and ``tiny-chat`` (vLLM serves both names), each
-    its own pool with its own admission limit."""
+    its own pool with its own admission limit; with ``embed_backends``, ``tiny-embed`` too
+    (the same model served by a vLLM pooling server)."""
     pool = {"backends": tuple(backends), "tokenizer": model_dir}
+    models: dict[str, Any] = {"tiny": pool, "tiny-chat": {**pool, "max_inflight": 8}}
+    if embed_backends:
+        models["tiny-embed"] = {
+            "backends": tuple(embed_backends),
+            "tokenizer": model_dir,
+            "task": "embed",
+        }
     return GatewayConfig.model_validate(
         {
             "api_keys": {api_key: "demo"},
-            "models": {"tiny": pool, "tiny-chat": {**pool, "max_inflight": 8}},
+            "models": models,
             "balancing": "prefix_affinity",
+            **overrides,
         }
     )

@@ -1,9 +1,11 @@
 """``stagelens demo``: start the reference stack on this machine and show the seven stages.
 
 Steps, each with progress: generate (or reuse) the tiny model, start real vLLM backend(s)
-on consecutive ports from ``--vllm-port``, start the instrumented gateway on ``--port``
-(127.0.0.1 unless ``--host``), send a short traffic run and print the per-stage table, then
-keep the stack up, print the URLs, and stop everything it started on Ctrl-C / SIGTERM.
+on consecutive ports from ``--vllm-port`` (tool calls on) and one embedding (pooling)
+server after them, start the instrumented gateway on ``--port`` (127.0.0.1 unless
+``--host``) and its ``/metrics`` on an internal port of its own (``--metrics-port``), send
+a short traffic run and print the per-stage table, then keep the stack up, print the URLs,
+and stop everything it started on Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -54,6 +56,22 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--backends", type=int, default=1, help="vLLM backends (default 1)")
     parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="internal port of the gateway's /metrics (default: the config's, 9464)",
+    )
+    parser.add_argument(
+        "--no-embeddings",
+        action="store_true",
+        help="do not start the embedding (pooling) server beside the chat backends",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="vLLM tool-call parser for --model (the tiny model's is 'hermes')",
+    )
+    parser.add_argument(
         "--model", default=None, help="model directory or name (default: the generated tiny model)"
     )
     parser.add_argument(
@@ -61,6 +79,13 @@ def add_parser(subparsers: Any) -> None:
         type=Path,
         default=None,
         help="gateway YAML config (API keys, pools); default: the demo config",
+    )
+    parser.add_argument(
+        "--trace-port",
+        type=int,
+        default=None,
+        help="port of the demo's OTLP/HTTP trace receiver (default 4318 when no "
+        "OTEL_EXPORTER_OTLP_ENDPOINT is set, else a free one)",
     )
     parser.add_argument("--no-traffic", action="store_true", help="skip the traffic run")
     parser.add_argument("--requests", type=int, default=48, help="requests in the traffic run")
@@ -105,28 +130,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
-    import uvicorn
-    from stagelens.reference import GatewayConfig, create_app, demo_config
+    from stagelens.reference import GatewayConfig, create_app, demo_config, metrics_app
     from stagelens.reference.config import DEMO_API_KEY
     from stagelens.reference.vllm_server import VllmServer, running
 
     from stagelens import configure
 
-    if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and not os.environ.get(
-        "OTEL_TRACES_EXPORTER"
-    ):
-        os.environ["OTEL_TRACES_EXPORTER"] = "none"
-        _say(
-            "traces: no OTEL_EXPORTER_OTLP_ENDPOINT set, so spans are not exported "
-            "(set it to send them to a collector)"
-        )
-
-    model = args.model
+    model, parser = args.model, args.tool_call_parser
     if model is None:
         _say("generating the tiny model (first run only, a few seconds)")
-        from stagelens.reference.tinymodel import ensure_tiny_model
+        from stagelens.reference.tinymodel import TOOL_CALL_PARSER, ensure_tiny_model
 
-        model = str(ensure_tiny_model())
+        model, parser = str(ensure_tiny_model()), parser or TOOL_CALL_PARSER
     _say(f"model: {model}")
 
     logs = Path(os.environ.get("STAGELENS_LOG_DIR", Path.home() / ".cache" / "stagelens" / "logs"))
@@ -136,56 +151,108 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
             port=args.vllm_port + i,
             served_model_names=("tiny", "tiny-chat"),
             log_path=logs / f"vllm-{args.vllm_port + i}.log",
+            tool_call_parser=parser,
         )
         for i in range(args.backends)
     ]
     backends = [s.base_url for s in servers]
+    embedders = []
+    if not args.no_embeddings:
+        port = args.vllm_port + args.backends
+        embedders.append(
+            VllmServer(
+                model=model,
+                port=port,
+                served_model_names=("tiny-embed",),
+                log_path=logs / f"vllm-{port}-embed.log",
+                embed=True,
+                max_model_len=512,
+            )
+        )
+    overrides = {} if args.metrics_port is None else {"metrics_port": args.metrics_port}
     config = (
-        GatewayConfig.load(args.config) if args.config is not None else demo_config(backends, model)
+        GatewayConfig.load(args.config).model_copy(update=overrides)
+        if args.config is not None
+        else demo_config(
+            backends, model, embed_backends=[e.base_url for e in embedders], **overrides
+        )
     )
     api_key = next(iter(config.api_keys)) if args.config is not None else DEMO_API_KEY
 
     _say(
-        f"starting {len(servers)} vLLM backend(s) on {', '.join(backends)} "
-        f"(about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
+        f"starting {len(servers)} vLLM backend(s) on {', '.join(backends)}"
+        + (f" and an embedding server on {embedders[0].base_url}" if embedders else "")
+        + f" (about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
     )
     # running() stops every server in its finally, however we leave (signal included).
-    with running(servers, timeout=900, progress=_progress("waiting for vLLM")):
+    with running([*servers, *embedders], timeout=900, progress=_progress("waiting for vLLM")):
         print()
-        telemetry = configure()
-        _QuietServer = _quiet_server_class()
+        traces = _start_traces(args)
+        telemetry = configure(span_exporters=traces.exporters)
         app = create_app(config, telemetry=telemetry)
-        server = _QuietServer(
-            uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+        started = []
         try:
-            while not server.started:
-                if not thread.is_alive():
-                    raise StageLensError(f"the gateway could not start on {args.host}:{args.port}")
-                time.sleep(0.05)
+            started.append(_serve(app, args.host, args.port, "gateway"))
+            started.append(
+                _serve(metrics_app(app), config.metrics_host, config.metrics_port, "metrics")
+            )
             gateway = f"http://{args.host}:{args.port}"
-            _say(f"gateway up on {gateway}")
+            metrics = f"http://{config.metrics_host}:{config.metrics_port}/metrics"
+            _say(f"gateway up on {gateway}; its metrics on {metrics} (internal port)")
+            slowest: str | None = None
             if not args.no_traffic:
                 _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
-                asyncio.run(_traffic(gateway, api_key, args.requests))
+                asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
                 from stagelens.report import fetch, render_table
 
                 print()
-                print(render_table(fetch(f"{gateway}/metrics")))
+                print(render_table(fetch(metrics)))
                 print()
-            _print_urls(gateway, backends, api_key)
+                slowest = traces.print_slowest(telemetry, args.requests)
+                print()
+            _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
+            _print_trace_urls(traces, slowest, metrics)
             if not args.exit_after_traffic:
                 _say("stack is up; Ctrl-C stops everything")
                 while not stopping.is_set():
                     stopping.wait(0.5)
         finally:
             _say("stopping")
-            server.should_exit = True
-            thread.join(timeout=10)
+            for server, thread in started:
+                server.should_exit = True
+                thread.join(timeout=10)
             telemetry.shutdown()
+            traces.stop()
     return 0
+
+
+def _start_traces(args: argparse.Namespace) -> Any:
+    """The demo's trace receiver and exporters (``demo_traces``), announced."""
+    from stagelens.reference.demo_traces import DemoTraces
+
+    traces = DemoTraces.start(args.trace_port)
+    _say(traces.describe())
+    return traces
+
+
+def _print_trace_urls(traces: Any, slowest: str | None, metrics: str) -> None:
+    for line in traces.where(slowest):
+        print(line)
+    print(f"  page        {sys.argv[0]} report --metrics-url {metrics} --html report.html")
+
+
+def _serve(app: Any, host: str, port: int, what: str) -> tuple[Any, threading.Thread]:
+    """Serve ``app`` on a thread (uvicorn without its own signal handlers); wait until up."""
+    import uvicorn
+
+    server = _quiet_server_class()(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise StageLensError(f"the {what} server could not start on {host}:{port}")
+        time.sleep(0.05)
+    return server, thread
 
 
 def _quiet_server_class() -> Any:
@@ -200,7 +267,7 @@ def _quiet_server_class() -> Any:
     return QuietServer
 
 
-async def _traffic(gateway: str, api_key: str, n: int) -> None:
+async def _traffic(gateway: str, api_key: str, n: int, embeddings: bool) -> None:
     import httpx
 
     rng = random.Random(0)
@@ -220,7 +287,9 @@ async def _traffic(gateway: str, api_key: str, n: int) -> None:
             "max_tokens": rng.choice((16, 32, 64)),
             "stream": i % 2 == 0,
         }
-        if body["stream"]:
+        if embeddings and i % 8 == 7:
+            await client.post("/v1/embeddings", json={"model": "tiny-embed", "input": content})
+        elif body["stream"]:
             async with client.stream("POST", "/v1/chat/completions", json=body) as r:
                 async for _ in r.aiter_raw():
                     pass
@@ -235,12 +304,17 @@ async def _traffic(gateway: str, api_key: str, n: int) -> None:
     print()
 
 
-def _print_urls(gateway: str, backends: list[str], api_key: str) -> None:
-    print(f"  gateway     {gateway}/v1/chat/completions   (Authorization: Bearer {api_key})")
-    print(f"  metrics     {gateway}/metrics")
+def _print_urls(
+    gateway: str, metrics: str, backends: list[str], embedders: list[str], api_key: str
+) -> None:
+    print(f"  gateway     {gateway}/v1   (OpenAI API; Authorization: Bearer {api_key})")
+    print(f"  health      {gateway}/health   (anonymous: up or down)")
+    print(f"  metrics     {metrics}   (internal port, not on the API's)")
     for url in backends:
         print(f"  vLLM        {url}/metrics  (engine + stagelens plugin metrics)")
-    print("  Prometheus  scrape the two /metrics above (job names 'stagelens-gateway', 'vllm');")
+    for url in embedders:
+        print(f"  embeddings  {url}/metrics  (vLLM pooling server)")
+    print("  Prometheus  scrape the /metrics above (job names 'stagelens-gateway', 'vllm');")
     print("              rules: alerts/stagelens-rules.yaml and alerts/stagelens-alerts.yaml")
     print("  Grafana     import dashboards/*.json (or deploy/grafana/provisioning/)")
-    print(f"  report      {sys.argv[0]} report --metrics-url {gateway}/metrics")
+    print(f"  report      {sys.argv[0]} report --metrics-url {metrics}")

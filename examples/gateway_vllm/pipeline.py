@@ -1,12 +1,10 @@
-"""The middle stages: tokenizer (real token counts, context check), router (model -> pool,
-admission control) and post-processing (safety check, stop sequences)."""
+"""The middle stages: tokenizer (context check; the counts are in ``tokens``), router (model
+-> pool, admission control) and post-processing (safety check, stop sequences)."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable
-from typing import Any
 
 from stagelens.reference.balancer import Balancer
 from stagelens.reference.config import ModelPool
@@ -14,42 +12,15 @@ from stagelens.reference.config import ModelPool
 from stagelens import Rejected
 
 
-class TokenCounter:
-    """The served model's own tokenizer (loaded once per model directory)."""
-
-    def __init__(self, source: str) -> None:
-        transformers: Any = importlib.import_module("transformers")
-        self._tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-        # We count prompts of any length ourselves; silence the "longer than max" warning.
-        self._tokenizer.model_max_length = 10**9
-
-    def count_chat(self, messages: list[dict[str, Any]]) -> int:
-        ids = self._tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True
-        )
-        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return len(ids)
-
-    def count_text(self, text: str) -> int:
-        return len(self._tokenizer(text)["input_ids"])
-
-    def count_generated(self, text: str) -> int:
-        """Tokens in generated ``text`` (no special tokens added). Re-tokenizing decoded
-        text can differ from the engine's own ids by a token or so at odd byte boundaries;
-        it is used only when the engine's usage never arrived (stream cut short)."""
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def check_context(prompt_tokens: int, output_tokens: int, window: int) -> None:
-    """400 ``context_length_exceeded`` before any engine work."""
+def check_context(prompt_tokens: int, output_tokens: int, window: int, param: str) -> None:
+    """400 ``context_length_exceeded`` before any engine work (``param``: the prompt's field)."""
     if prompt_tokens + output_tokens > window:
         raise Rejected(
             400,
             f"This model's maximum context length is {window} tokens; the request has "
             f"{prompt_tokens} prompt tokens and asks for {output_tokens} more.",
             code="context_length_exceeded",
-            param="messages",
+            param=param,
         )
 
 
@@ -90,11 +61,22 @@ class Router:
     def __init__(self, pools: dict[str, Pool]) -> None:
         self.pools = pools
 
-    def route(self, model: str) -> Pool:
+    def route(self, model: str, task: str) -> Pool:
+        """The pool serving ``model`` for ``task`` (``generate`` or ``embed``): 404 for a
+        model it does not know, 400 for one served for the other task (an embedding model
+        does not chat)."""
         pool = self.pools.get(model)
         if pool is None:
             raise Rejected(
                 404, f"The model {model!r} does not exist.", param="model", code="model_not_found"
+            )
+        if pool.config.task != task:
+            what = "embeddings" if task == "embed" else "completions"
+            raise Rejected(
+                400,
+                f"The model {model!r} does not serve {what}.",
+                param="model",
+                code="model_not_supported",
             )
         return pool
 
@@ -109,7 +91,11 @@ def blocklist_classifier(terms: tuple[str, ...]) -> SafetyCheck:
     return lambda text: not any(t in text.lower() for t in lowered)
 
 
-def apply_stops(text: str, stops: list[str]) -> tuple[str, bool]:
-    """Cut ``text`` at the first stop sequence; return (text, stopped)."""
-    cut = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+def apply_stops(text: str, stops: list[str], keep: bool = False) -> tuple[str, bool]:
+    """Cut ``text`` at the first stop sequence (after it when ``keep``, as vLLM does with
+    ``include_stop_str_in_output``); return (text, stopped)."""
+    found = [(i, len(s)) for s in stops if s and (i := text.find(s)) >= 0]
+    if not found:
+        return text, False
+    at, length = min(found)
+    return text[: at + length if keep else at], True

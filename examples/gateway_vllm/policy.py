@@ -29,12 +29,16 @@ def _bearer(scope: Mapping[str, Any]) -> str | None:
 
 
 class ApiKeyAuth:
-    """Checks ``Authorization: Bearer <key>`` in constant time; returns the key's tenant."""
+    """Checks ``Authorization: Bearer <key>`` in constant time; returns the key's tenant.
+    ``public_paths`` are served without a key (no tenant)."""
 
-    def __init__(self, keys: Mapping[str, str]) -> None:
+    def __init__(self, keys: Mapping[str, str], public_paths: tuple[str, ...] = ()) -> None:
         self._keys = [(k.encode(), tenant) for k, tenant in keys.items()]
+        self._public = frozenset(public_paths)
 
-    def __call__(self, scope: dict[str, Any]) -> str:
+    def __call__(self, scope: dict[str, Any]) -> str | None:
+        if scope.get("path") in self._public:
+            return None
         presented = _bearer(scope)
         if presented is None:
             raise Rejected(

@@ -22,15 +22,37 @@ DEFAULT_CACHE_DIR: Final = Path(
 )
 """Where generated models are cached (override with ``STAGELENS_CACHE_DIR``)."""
 
-MODEL_VERSION: Final = 1
-"""Bump when the generated files change, so stale caches are rebuilt."""
+MODEL_VERSION: Final = 2
+"""Bump when the generated files change, so stale caches are rebuilt (2: the chat template
+renders tools and tool calls)."""
+
+TOOL_CALL_PARSER: Final = "hermes"
+"""vLLM's ``--tool-call-parser`` that reads what the chat template asks the model to write
+(``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the Hermes format)."""
 
 _CHAT_TEMPLATE: Final = (
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}</s>\n"
+    "{%- if tools %}<|system|>\n"
+    "You may call these functions. Answer a call as "
+    '<tool_call>{"name": <name>, "arguments": <arguments object>}</tool_call>.\n'
+    "{% for tool in tools %}"
+    "{{ tool['function']['name'] }}"
+    "{%- if tool['function']['description'] %}: {{ tool['function']['description'] }}{% endif %}"
+    "{%- if tool['function']['parameters'] %} {{ tool['function']['parameters'] | tojson }}"
+    "{%- endif %}{{ '\\n' }}"
+    "{% endfor %}</s>\n"
+    "{% endif %}"
+    "{%- for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] or '' }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    '<tool_call>{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{{ call['function']['arguments'] | tojson }}}</tool_call>"
+    "{%- endfor %}</s>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+"""The tiny model's chat template: the tools it is offered (Hermes format, so vLLM's
+``hermes`` parser reads its calls), then one ``<|role|>`` block per message, content as a
+string (vLLM's ``string`` content format: a list of text parts arrives joined by newlines)."""
 
 _WORDS: Final = [
     "the",

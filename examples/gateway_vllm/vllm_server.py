@@ -38,6 +38,11 @@ and the request id echoed in the ``X-Request-Id`` response header (``stagelens.v
 on the inference span)."""
 
 
+EMBED_FLAGS: Final[tuple[str, ...]] = ("--runner", "pooling", "--convert", "embed")
+"""Flags that make a server of a generative model an embedding (pooling) server: vLLM runs
+one model runner per server, so embeddings need a server of their own."""
+
+
 class BackendStartError(StageLensError, RuntimeError):
     """Raised when a vLLM server exits or does not become healthy in time."""
 
@@ -48,6 +53,9 @@ class VllmServer:
 
     ``served_model_names`` are the names clients use (the first is the primary one). The
     server's combined output goes to ``log_path`` so a failed start can be explained.
+    ``tool_call_parser`` (a vLLM parser name fitting the model's chat template) turns on
+    tool calls, ``tool_choice="auto"`` included; ``embed`` serves embeddings instead of
+    generating.
     """
 
     model: str
@@ -58,6 +66,8 @@ class VllmServer:
     env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     max_model_len: int = 2048
+    tool_call_parser: str | None = None
+    embed: bool = False
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
 
@@ -89,6 +99,10 @@ class VllmServer:
         ]
         if self.served_model_names:
             cmd += ["--served-model-name", *self.served_model_names]
+        if self.tool_call_parser is not None:
+            cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
+        if self.embed:
+            cmd += list(EMBED_FLAGS)
         cmd += list(self.extra_args)
         return cmd
 

@@ -508,9 +508,10 @@ class TestStreams:
         assert events
         assert text.endswith("data: [DONE]\n\n")
         assert not any("usage" in e for e in events)
-        # The token ids the gateway asks vLLM for (to bill cut streams exactly) are removed.
-        assert not any("prompt_token_ids" in e for e in events)
-        assert not any("token_ids" in ch for e in events for ch in e.get("choices", []))
+        # The token ids the gateway asks vLLM for (to bill cut streams exactly) are nulled,
+        # as vLLM sends them to a client that did not ask.
+        assert all(e.get("prompt_token_ids") is None for e in events)
+        assert all(ch.get("token_ids") is None for e in events for ch in e.get("choices", []))
         spans = _trace_of(cap, events[0]["id"])
         inference = next(s for s in spans if s.name == "chat tiny")
         output = inference.attributes[semconv.GEN_AI_USAGE_OUTPUT_TOKENS]
@@ -550,7 +551,7 @@ class TestStreams:
         assert answer["object"] == "text_completion"
         assert isinstance(answer["choices"][0]["text"], str)
         assert answer["usage"]["completion_tokens"] > 0
-        assert "metrics" not in answer
+        assert answer["metrics"] is None  # vLLM's timings, the gateway's own ask
         spans = _trace_of(cap, answer["id"])
         inference = next(s for s in spans if s.kind is SpanKind.CLIENT)
         assert inference.name == "text_completion tiny"

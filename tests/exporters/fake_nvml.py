@@ -11,7 +11,7 @@ What it mimics from the real binding (nvidia-ml-py 13.x, checked against the cop
   check nothing leaks);
 - processes: objects with ``pid`` and ``usedGpuMemory`` (``None`` when NVML has no value).
 
-Readings from the real H100 measurement in GPU-FACTS.md: memory total 80 GiB-class HBM3,
+Readings from the H100 reference measurements in docs/gpu.md: memory total 80 GiB-class HBM3,
 power in mW (matmul ~690 W), SM clock 345-1980 MHz, clock-event reasons 0x1 (idle), GPM SM
 activity 96.7 % under a bf16 matmul. Energy (mJ) and temperature are plausible, not
 measured. Module-level state is set through ``configure()``; ``calls`` counts every call.

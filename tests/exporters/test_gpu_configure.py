@@ -13,7 +13,8 @@ from opentelemetry.trace import NoOpTracerProvider
 from prometheus_client import CollectorRegistry, generate_latest
 from stagelens.exporters import configure, enable_gpu_metrics
 from stagelens.exporters import nvml as nvml_mod
-from stagelens.exporters.nvml import GpuReader
+from stagelens.exporters.nvml_read import NVML_MODULE_ENV
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from stagelens import semconv
 from tests.exporters import fake_nvml
@@ -55,7 +56,7 @@ class TestConfigureGpu:
 
     def test_gpu_true_lands_on_the_served_registry(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """gpu=True: /metrics (the exposition registry) has collector_up 1 and power."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         telemetry = _configure(gpu=True)
         body = generate_latest(telemetry.exposition_registry).decode()
         assert "stagelens_gpu_collector_up 1.0" in body
@@ -67,7 +68,7 @@ class TestConfigureGpu:
         self, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
     ) -> None:
         """With PROMETHEUS_MULTIPROC_DIR the collector is on the registry /metrics serves."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
         telemetry = configure(tracer_provider=NoOpTracerProvider(), set_global=False, gpu=True)
         assert telemetry.exposition_registry is not telemetry.registry
@@ -76,7 +77,7 @@ class TestConfigureGpu:
 
     def test_gpu_false_and_env_off(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """gpu=False, or gpu=None with STAGELENS_GPU_COLLECTOR=0: no GPU series at all."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         off = _configure(gpu=False)
         assert b"stagelens_gpu_" not in generate_latest(off.exposition_registry)
         monkeypatch.setenv(nvml_mod.ENABLE_ENV, "0")
@@ -85,7 +86,7 @@ class TestConfigureGpu:
 
     def test_auto_on_when_binding_imports(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """gpu=None (default) with an importable binding registers the collector."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         telemetry = _configure()
         assert b"stagelens_gpu_collector_up 1.0" in generate_latest(telemetry.exposition_registry)
 
@@ -93,7 +94,7 @@ class TestConfigureGpu:
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         """gpu=True without a driver: configure succeeds, up 0, one warning."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         fake_nvml.configure([FakeGpu()], init_error=fake_nvml.NVMLError_DriverNotLoaded)
         with caplog.at_level(logging.WARNING, logger="stagelens.exporters"):
             telemetry = _configure(gpu=True)
@@ -105,7 +106,7 @@ class TestConfigureGpu:
 
     def test_meter_provider_gets_hw_gauges(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """With a meter provider the hw.* gauges read the same GPUs."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         metric_reader = InMemoryMetricReader()
         provider = MeterProvider(metric_readers=[metric_reader])
         _configure(gpu=True, meter_provider=provider)
@@ -124,7 +125,7 @@ class TestConfigureGpu:
 
     def test_enable_twice_is_idempotent(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A second enable on the same registry returns the first collector."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         registry = CollectorRegistry()
         first = enable_gpu_metrics(registry, gpu=True)
         assert first is not None
@@ -133,7 +134,7 @@ class TestConfigureGpu:
 
     def test_unexpected_failure_is_counted(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """A non-NVML failure in a scrape is counted in telemetry_errors{component="nvml"}."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, FAKE)
+        monkeypatch.setenv(NVML_MODULE_ENV, FAKE)
         fake_nvml.configure([FakeGpu(util_gpu=cast("int", "broken"))])
         telemetry = _configure(gpu=True)
         registry = telemetry.exposition_registry

@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
 from stagelens.exporters.gpu_otel import register_gpu_meters
-from stagelens.exporters.nvml import GpuReader
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from stagelens import semconv
 from tests.exporters import fake_nvml

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from collections.abc import Iterator
@@ -11,14 +12,19 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from stagelens.exporters import nvml as nvml_mod
 from stagelens.exporters.nvml import (
-    GpuReader,
     NvmlCollector,
-    NvmlFatalError,
     gpu_collector_enabled,
-    read_gpu_samples,
     register_gpu_collector,
     unregister_gpu_collector,
 )
+from stagelens.exporters.nvml_read import (
+    LOGGER_NAME,
+    NVML_MODULE_ENV,
+    GpuSnapshot,
+    NvmlFatalError,
+    read_gpu_samples,
+)
+from stagelens.exporters.nvml_sampler import GpuReader
 
 from stagelens import semconv
 from tests.exporters import fake_nvml
@@ -26,7 +32,7 @@ from tests.exporters.fake_nvml import FakeGpu
 
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 LABELS0 = (("gpu", "0"), ("name", "NVIDIA H100 80GB HBM3"), ("uuid", "GPU-a"))
-LOGGER = "stagelens.exporters.nvml"
+LOGGER = LOGGER_NAME
 
 
 @pytest.fixture(autouse=True)
@@ -186,6 +192,26 @@ class TestPerCallAndPerGpuErrors:
         assert _gpus(_scrape(c), semconv.GPU_POWER) == {"0", "1"}
 
 
+class TestScrapeTolerance:
+    """A family that fails to build drops only itself, never the scrape."""
+
+    def test_one_broken_family_leaves_the_others(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """A power value that is no number drops the power family; the rest is served."""
+        fake_nvml.configure([FakeGpu(uuid="GPU-a")])
+        seen: list[BaseException] = []
+        reader = GpuReader(fake_nvml, gpm=False, processes=False, on_error=seen.append)
+        good = reader.read().samples[0]
+        bad = dataclasses.replace(good, power_watts=cast("float", "broken"))
+        monkeypatch.setattr(reader, "read", lambda: GpuSnapshot(True, [bad]))
+        m = _scrape(NvmlCollector(reader=reader, cost_usd_per_hour=2.5))
+        assert m[(semconv.GPU_COLLECTOR_UP, ())] == 1.0
+        assert _gpus(m, semconv.GPU_POWER) == set()
+        assert m[(semconv.GPU_TEMPERATURE, LABELS0)] == 45.0
+        assert m[(semconv.GPU_ENERGY, LABELS0)] == pytest.approx(123456.789)
+        assert m[(semconv.GPU_COST_PER_HOUR, LABELS0)] == 2.5
+        assert [type(e) for e in seen] == [ValueError]
+
+
 class TestFatalErrorsAndRecovery:
     """NVML itself failing: up 0, one warning, re-initialisation with backoff."""
 
@@ -251,7 +277,7 @@ class TestFatalErrorsAndRecovery:
         self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
     ) -> None:
         """When the NVML module cannot be imported: up 0, one warning, no exception."""
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, "stagelens_no_such_nvml_module")
+        monkeypatch.setenv(NVML_MODULE_ENV, "stagelens_no_such_nvml_module")
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             c = NvmlCollector()
             for _ in range(3):
@@ -374,7 +400,7 @@ class TestRegistration:
     ) -> None:
         """gpu=None: STAGELENS_GPU_COLLECTOR decides, else whether the binding imports."""
         monkeypatch.setenv(nvml_mod.ENABLE_ENV, env)
-        monkeypatch.setenv(nvml_mod.NVML_MODULE_ENV, module)
+        monkeypatch.setenv(NVML_MODULE_ENV, module)
         assert gpu_collector_enabled(None) is expected
         assert gpu_collector_enabled(True) is True
         assert gpu_collector_enabled(False) is False

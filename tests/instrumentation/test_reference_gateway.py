@@ -182,3 +182,178 @@ class TestBilling:
         inference = next(s for s in cap.spans() if s.name == "chat tiny")
         assert inference.attributes[sc.ATTR_STREAM_CLOSED_EARLY] is True
         assert inference.status.status_code is StatusCode.UNSET
+
+
+def _scripted_upstream() -> Any:
+    """An upstream that streams the events a request names in ``x_events``
+    (``[choice index, text, finish reason]`` each), then vLLM's usage event; or, not
+    streamed, one answer with a choice per index (their texts joined)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        script = body["x_events"]
+        if not body.get("stream"):
+            texts: dict[int, str] = {}
+            for index, text, _ in script:
+                texts[index] = texts.get(index, "") + text
+            choices = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": t},
+                    "finish_reason": "length",
+                }
+                for i, t in sorted(texts.items())
+            ]
+            return JSONResponse(
+                {"id": "x", "object": "chat.completion", "choices": choices, "usage": usage}
+            )
+
+        async def events() -> Any:
+            for index, text, finish in script:
+                event = {
+                    "id": "x",
+                    "object": "chat.completion.chunk",
+                    "choices": [
+                        {"index": index, "delta": {"content": text}, "finish_reason": finish}
+                    ],
+                }
+                yield f"data: {json.dumps(event)}\n\n".encode()
+            yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def scripted(port_factory: Any) -> Any:
+    """The scripted upstream on a loopback port for this module."""
+    import threading
+    import time
+
+    import uvicorn
+
+    port = port_factory()
+    server = uvicorn.Server(
+        uvicorn.Config(_scripted_upstream(), host="127.0.0.1", port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def _choices_of(text: str) -> dict[int, tuple[str, str | None]]:
+    out: dict[int, tuple[str, str | None]] = {}
+    for raw in text.split("\n\n"):
+        if not raw.startswith("data: {"):
+            continue
+        for ch in json.loads(raw[6:]).get("choices", []):
+            seen, reason = out.get(ch["index"], ("", None))
+            out[ch["index"]] = (
+                seen + (ch["delta"].get("content") or ""),
+                ch["finish_reason"] or reason,
+            )
+    return out
+
+
+class TestChoices:
+    """Stop sequences and the safety check apply per choice (``n`` > 1)."""
+
+    async def test_stop_string_across_two_choices_ends_neither(self, gateway, scripted) -> None:
+        """A stop string that ends one choice's text and starts the other's is in neither
+        choice: both are relayed whole, each with its own finish reason."""
+        script = [[0, "ab", None], [1, "cd", None], [0, "e", "length"], [1, "f", "length"]]
+        async with gateway([scripted]) as (_, client):
+            r = await client.post(
+                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="bc", x_events=script)
+            )
+        assert _choices_of(r.text) == {0: ("abe", "length"), 1: ("cdf", "length")}
+
+    async def test_a_stop_in_one_choice_ends_only_that_one(self, gateway, scripted) -> None:
+        """A stop string inside choice 0 ends choice 0 there (``stop``); choice 1 goes on
+        to its own end; and so on a whole answer."""
+        script = [[0, "a ", None], [1, "b X", None], [0, "XYz", "length"], [1, "w", "length"]]
+        async with gateway([scripted]) as (_, client):
+            streamed = await client.post(
+                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="XY", x_events=script)
+            )
+            whole = await client.post(
+                "/v1/chat/completions", json=_chat(n=2, stop="XY", x_events=script)
+            )
+        assert _choices_of(streamed.text) == {0: ("a ", "stop"), 1: ("b Xw", "length")}
+        answer = {
+            c["index"]: (c["message"]["content"], c["finish_reason"])
+            for c in whole.json()["choices"]
+        }
+        assert answer == {0: ("a ", "stop"), 1: ("b Xw", "length")}
+
+
+class TestStages:
+    """What the gateway times as which stage."""
+
+    async def test_per_event_work_is_postprocess_time(self, cap, gateway, scripted) -> None:
+        """The safety check run on each of 10 events (2 ms each here) is in the request's
+        postprocess stage time."""
+        import time
+
+        def slow_safety(text: str) -> bool:
+            time.sleep(0.002)
+            return True
+
+        script = [[0, f"t{i} ", None] for i in range(9)] + [[0, "end", "length"]]
+        async with gateway([scripted]) as (app, client):
+            app.state.gateway.safety = slow_safety
+            r = await client.post("/v1/chat/completions", json=_chat(stream=True, x_events=script))
+        assert r.status_code == 200
+        name = sc.STAGE_DURATION
+        assert cap.value(name + "_count", stage="postprocess", model="tiny") == 1
+        assert cap.value(name + "_sum", stage="postprocess", model="tiny") >= 0.02
+
+
+class TestExposure:
+    """What the public port serves without a key, and where the metrics are."""
+
+    async def test_metrics_are_not_on_the_api_port(self, cap, gateway) -> None:
+        """``/metrics`` on the API app is no metrics endpoint (404, with a key or without);
+        ``metrics_app`` serves the gateway's registry."""
+        from stagelens.reference import metrics_app
+
+        async with gateway() as (app, client):
+            assert (await client.get("/metrics")).status_code == 404
+            anonymous = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw"
+            )
+            assert (await anonymous.get("/metrics")).json()["error"]["code"] == "not_found"
+            await client.post("/v1/chat/completions", json=_chat())
+            internal = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=metrics_app(app)), base_url="http://metrics"
+            )
+            r = await internal.get("/metrics")
+        assert r.status_code == 200
+        assert sc.TIME_TO_FIRST_TOKEN in r.text
+
+    async def test_anonymous_health_says_up_or_down_only(self, gateway) -> None:
+        """``/health`` needs no key and names no backend: up while every pool has a healthy
+        backend, down (503) otherwise."""
+        async with gateway() as (app, _):
+            anonymous = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gw"
+            )
+            up = await anonymous.get("/health")
+            for backend in app.state.gateway.backends:
+                backend.healthy = False
+            down = await anonymous.get("/health")
+        assert (up.status_code, up.json()) == (200, {"status": "up"})
+        assert (down.status_code, down.json()) == (503, {"status": "down"})
+        assert "http" not in up.text + down.text

@@ -1,0 +1,362 @@
+"""One request through the stages after the gateway's: load balancer, tokenizer, router,
+inference (with failover), then the relay (``relay``) or the embedding answer.
+
+Why the client's own JSON is forwarded: vLLM must see what the client sent (every field the
+gateway does not read passes untouched); the gateway changes only the model name (the
+pool's upstream name) and, on streams, asks for the usage event and the token ids it needs
+to bill a stream cut short (stripped again unless the client asked for them).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from stagelens.reference.balancer import Backend
+from stagelens.reference.pipeline import Pool, check_context
+from stagelens.reference.relay import RelayResponse, Strip, finish_json, relay
+from stagelens.reference.schema import (
+    MEDIA_PART_MODALITIES,
+    ChatRequest,
+    CompletionRequest,
+)
+from stagelens.reference.tokens import TokenCounter, flatten
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from stagelens import Rejected, Stage, current_request, semconv, stage
+
+if TYPE_CHECKING:
+    from stagelens.reference.app import Gateway
+
+REQUEST_KEY = "stagelens.reference.request"
+"""Where the gateway stage leaves (validated request, client JSON) in the ASGI scope."""
+TENANT_KEY = "stagelens.reference.tenant"
+
+
+class Lease:
+    """What one request holds: a backend (counted in its ``outstanding`` from assignment,
+    so least-outstanding sees queued requests too) and an admission slot. Released once."""
+
+    __slots__ = ("backend", "pool")
+
+    def __init__(self) -> None:
+        self.backend: Backend | None = None
+        self.pool: Pool | None = None
+
+    def release(self) -> None:
+        if self.backend is not None:
+            self.backend.outstanding -= 1
+            self.backend = None
+        if self.pool is not None:
+            self.pool.release()
+            self.pool = None
+
+
+def reject(stage_name: Stage) -> None:
+    """Attribute an error answered outside a ``stage()`` block to the stage that failed."""
+    state = current_request()
+    if state is not None:
+        state.reject(stage_name)
+
+
+def affinity_key(req: Any, counter: TokenCounter | None, chars: int) -> str:
+    """The prompt prefix hashed for prefix affinity: the text vLLM's prefix cache sees
+    first, whatever form the content took (a string, or parts joined as vLLM joins them)."""
+    if isinstance(req, ChatRequest):
+        fmt = counter.content_format if counter is not None else "string"
+        texts = []
+        for m in req.messages:
+            content = flatten(m.content, fmt)
+            texts.append(content if isinstance(content, str) else json.dumps(content))
+            if sum(map(len, texts)) >= chars:
+                break
+        return "\x00".join(texts)[:chars]
+    prompts = req.prompts if isinstance(req, CompletionRequest) else req.inputs
+    first = prompts[0] if prompts else ""
+    return (first if isinstance(first, str) else ",".join(map(str, first)))[:chars]
+
+
+def _check_media(req: ChatRequest, pool: Pool) -> None:
+    """400 naming the first content part of a kind the served model does not take."""
+    allowed = pool.config.input_modalities
+    for i, message in enumerate(req.messages):
+        if not isinstance(message.content, list):
+            continue
+        for j, part in enumerate(message.content):
+            modality = MEDIA_PART_MODALITIES.get(part.type)
+            if modality is not None and modality not in allowed:
+                raise Rejected(
+                    400,
+                    f"The model {pool.name!r} does not take {modality} input "
+                    f"(content part type {part.type!r}).",
+                    param=f"messages.{i}.content.{j}",
+                    code="unsupported_content",
+                )
+
+
+def count_prompt(req: Any, raw: dict[str, Any], pool: Pool, counter: TokenCounter) -> int:
+    """Tokenizer stage: the prompt tokens vLLM will count, checked against the context
+    window per prompt (unless the client asked vLLM to truncate)."""
+    window = pool.config.max_model_len
+    check = raw.get("truncate_prompt_tokens") is None
+    if isinstance(req, ChatRequest):
+        _check_media(req, pool)
+        tokens = counter.count_chat(req)
+        if check:
+            check_context(tokens, req.output_limit, window, "messages")
+        return tokens
+    prompts, field, limit = (
+        (req.prompts, "prompt", req.output_limit)
+        if isinstance(req, CompletionRequest)
+        else (req.inputs, "input", 0)
+    )
+    total = 0
+    for prompt in prompts:
+        tokens = counter.count_prompt(prompt)
+        if check:
+            check_context(tokens, limit, window, field)
+        total += tokens
+    return total
+
+
+async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Response:
+    """Chat or text completion through the load balancer, tokenizer, router and inference
+    stages; the answer relayed (streamed) or post-processed (not)."""
+    req, raw = request.scope[REQUEST_KEY]
+    tenant = str(request.scope.get(TENANT_KEY, "other"))
+    pool = _name_model(gateway, req.model)
+    lease = Lease()
+    handed_over = False
+    try:
+        counter = gateway.tokenizer_for(req.model)
+        with stage(Stage.LOAD_BALANCER):
+            prefix = affinity_key(req, counter, gateway.config.prefix_affinity_chars)
+            if pool is not None:
+                lease.backend = pool.balancer.assign(prefix)
+
+        with stage(Stage.TOKENIZER):
+            prompt_tokens = 0
+            if counter is not None and pool is not None and pool.config.task == "generate":
+                prompt_tokens = count_prompt(req, raw, pool, counter)
+
+        with stage(Stage.ROUTER):
+            pool = gateway.router.route(req.model, "generate")
+            await pool.acquire()
+            lease.pool = pool
+
+        body = dict(raw)
+        body["model"] = pool.upstream_model
+        options = raw.get("stream_options")
+        wants_usage = bool(
+            req.streaming and req.stream_options and req.stream_options.include_usage
+        )
+        wants_token_ids = bool(req.return_token_ids)
+        if req.streaming:
+            body["stream_options"] = {**(options or {}), "include_usage": True}
+            # vLLM then lists each event's token ids: a stream cut before the usage event
+            # is billed the exact count received, not an estimate. Not with ``echo``: vLLM
+            # then echoes the prompt's ids instead of its text.
+            if not getattr(req, "echo", False):
+                body["return_token_ids"] = True
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        upstream = await send(gateway, pool, lease, prefix, path, body, req.streaming)
+        if upstream.status_code >= 400:
+            return await upstream_error(upstream)
+        if not req.streaming:
+            return await finish_json(gateway, upstream, req, tenant, prompt_tokens, chat)
+        response = RelayResponse(
+            relay(
+                gateway,
+                upstream,
+                req,
+                tenant,
+                prompt_tokens,
+                Strip(usage=not wants_usage, token_ids=not wants_token_ids),
+                chat,
+                lease,
+            ),
+            media_type="text/event-stream",
+        )
+        handed_over = True  # the relay releases the lease when the stream ends
+        return response
+    finally:
+        if not handed_over:
+            lease.release()
+
+
+def _name_model(gateway: Gateway, model: str) -> Pool | None:
+    pool = gateway.router.pools.get(model)
+    state = current_request()
+    if pool is not None and state is not None:
+        # Only a model the router serves names the metric series; any other name keeps the
+        # default label, so random model names cannot create new series.
+        state.set_model(model)
+    return pool
+
+
+async def embed(gateway: Gateway, request: Request) -> Response:
+    """Embeddings through the same stages, sent to an embedding pool; the inference stage
+    is timed here (a span of its own, ``gen_ai.operation.name=embeddings``), and the
+    answer has no first token (no TTFT) and no output tokens."""
+    req, raw = request.scope[REQUEST_KEY]
+    tenant = str(request.scope.get(TENANT_KEY, "other"))
+    pool = _name_model(gateway, req.model)
+    state = current_request()
+    if state is not None:
+        state.set_tokenless()
+    lease = Lease()
+    try:
+        counter = gateway.tokenizer_for(req.model)
+        with stage(Stage.LOAD_BALANCER):
+            prefix = affinity_key(req, counter, gateway.config.prefix_affinity_chars)
+            if pool is not None:
+                lease.backend = pool.balancer.assign(prefix)
+        with stage(Stage.TOKENIZER):
+            prompt_tokens = 0
+            if counter is not None and pool is not None and pool.config.task == "embed":
+                prompt_tokens = count_prompt(req, raw, pool, counter)
+        with stage(Stage.ROUTER):
+            pool = gateway.router.route(req.model, "embed")
+            await pool.acquire()
+            lease.pool = pool
+        body = {**raw, "model": pool.upstream_model}
+        attributes = {
+            semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_EMBEDDINGS,
+            semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM,
+            semconv.GEN_AI_REQUEST_MODEL: pool.upstream_model,
+        }
+        with stage(Stage.INFERENCE, attributes) as inference:
+            upstream = await send(gateway, pool, lease, prefix, "/v1/embeddings", body, False)
+            if upstream.status_code >= 400:
+                return await upstream_error(upstream)
+            content = upstream.content
+            usage = _usage_of(content)
+            input_tokens = int(usage.get("prompt_tokens", prompt_tokens))
+            inference.span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens)
+        gateway.bill(tenant, input_tokens, 0, 0)
+        return Response(content, media_type="application/json")
+    finally:
+        lease.release()
+
+
+def _usage_of(content: bytes) -> dict[str, Any]:
+    try:
+        payload = json.loads(content)
+    except ValueError:
+        return {}
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return usage if isinstance(usage, dict) else {}
+
+
+async def send(
+    gateway: Gateway,
+    pool: Pool,
+    lease: Lease,
+    prefix: str,
+    path: str,
+    body: dict[str, Any],
+    stream: bool,
+) -> httpx.Response:
+    """Inference stage: call the backend; fail over to another on a connection error.
+
+    Errors answered here happen outside any ``stage()`` block, so each names the stage that
+    failed: the load balancer when no healthy backend is left, inference for a timeout.
+    """
+    tried: list[Backend] = []
+    while True:
+        backend = lease.backend
+        assert backend is not None
+        try:
+            return await gateway.client.send(
+                gateway.client.build_request("POST", backend.url + path, json=body),
+                stream=stream,
+            )
+        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            # No answer at all from this backend: take it out (passive check, until the
+            # active check says otherwise) and try another.
+            backend.healthy = False
+            backend.outstanding -= 1
+            lease.backend = None
+            tried.append(backend)
+            try:
+                lease.backend = pool.balancer.assign(prefix, exclude=tried)
+            except Rejected:
+                reject(Stage.LOAD_BALANCER)
+                raise Rejected(
+                    503,
+                    f"Backend unavailable: {type(exc).__name__}",
+                    type="server_error",
+                    code="backend_unavailable",
+                ) from exc
+        except httpx.TimeoutException as exc:
+            reject(Stage.INFERENCE)
+            raise Rejected(
+                504,
+                "The model server did not answer in time.",
+                type="server_error",
+                code="upstream_timeout",
+            ) from exc
+        except httpx.HTTPError as exc:
+            reject(Stage.INFERENCE)
+            raise Rejected(
+                502,
+                f"The model server call failed: {type(exc).__name__}",
+                type="server_error",
+                code="upstream_error",
+            ) from exc
+
+
+def client_status(upstream_status: int) -> int:
+    """The status the client gets for an upstream error status.
+
+    A 4xx other than 401/403/404/429 means the engine found the request invalid: passed on.
+    401/403/404 from the engine mean the gateway's own upstream settings are wrong, and other
+    5xx a broken engine: 502. 429/503 mean the engine is full: 503. 504 stays 504.
+    """
+    if upstream_status in (401, 403, 404):
+        return 502
+    if upstream_status in (429, 503):
+        return 503
+    if upstream_status == 504 or 400 <= upstream_status < 500:
+        return upstream_status
+    return 502
+
+
+async def upstream_error(upstream: httpx.Response) -> Response:
+    """Answer an upstream error status (before any byte was streamed) with the mapped status
+    and an OpenAI-style body: a refused request (4xx) gets vLLM's own message and param;
+    a failing engine a ``server_error``. The inference stage rejected."""
+    try:
+        raw = await upstream.aread()
+    finally:
+        await upstream.aclose()
+    message = raw.decode(errors="replace")[:500] or f"HTTP {upstream.status_code}"
+    param = None
+    try:
+        payload = json.loads(raw)
+        error = payload.get("error", payload) if isinstance(payload, dict) else None
+        if isinstance(error, dict):
+            message = str(error.get("message") or message)
+            param = error.get("param") if isinstance(error.get("param"), str) else None
+    except ValueError:
+        pass
+    status = client_status(upstream.status_code)
+    reject(Stage.INFERENCE)
+    if status < 500:
+        rejection = Rejected(
+            status,
+            message,
+            type="invalid_request_error",
+            code="upstream_rejected",
+            param=param,
+        )
+    else:
+        rejection = Rejected(
+            status,
+            f"The model server answered {upstream.status_code}: {message}",
+            type="server_error",
+            code="upstream_error",
+        )
+    return JSONResponse(rejection.body(), status_code=rejection.status_code)

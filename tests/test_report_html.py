@@ -1,0 +1,146 @@
+"""The HTML page's parts that need no server: escaping, empty figures, trace sources."""
+
+from __future__ import annotations
+
+import argparse
+import html.parser
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from stagelens import semconv
+from stagelens.report_html import read_figures, redact_url, render_page, write_report
+from stagelens.traces import SpanRecord
+from stagelens.waterfall import build
+
+METRICS = """\
+# TYPE stagelens_tokens_total counter
+stagelens_tokens_total{model="tiny",tenant="<b>acme</b>",type="input"} 10.0
+# TYPE stagelens_cost_usd_total counter
+stagelens_cost_usd_total{model="tiny",tenant="<b>acme</b>"} 0.5
+"""
+
+
+class _Collect(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _spans(name: str, stage: str) -> list[SpanRecord]:
+    root = SpanRecord("a" * 32, "1" * 16, "", name, 0, 1_000_000)
+    child = SpanRecord(
+        "a" * 32, "2" * 16, "1" * 16, name, 10, 900_000, attributes={semconv.ATTR_STAGE: stage}
+    )
+    return [root, child]
+
+
+class TestPage:
+    """Untrusted names become text, never markup."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.text(min_size=1, max_size=40), st.text(min_size=1, max_size=20))
+    def test_span_names_and_labels_are_escaped(self, name, stage) -> None:
+        """Whatever a span's name, stage or a tenant label holds, the page has only its own
+        tags, and the name is there as text."""
+        page = render_page(
+            read_figures(METRICS),
+            build(_spans(name, stage)),
+            metrics_source="http://gw/metrics",
+            trace_note="note",
+        )
+        parsed = _Collect()
+        parsed.feed(page)
+        allowed = {
+            "html",
+            "head",
+            "meta",
+            "title",
+            "style",
+            "body",
+            "h1",
+            "h2",
+            "p",
+            "div",
+            "b",
+            "span",
+            "table",
+            "tr",
+            "th",
+            "td",
+            "br",
+            "svg",
+            "rect",
+            "text",
+            "line",
+        }
+        assert set(parsed.tags) <= allowed
+        text = "".join(parsed.text)
+        assert "<b>acme</b>" in text  # the label value, shown as text
+        assert name.replace("\r", "\n").strip() in text.replace("\r", "\n") or not name.strip()
+
+    def test_empty_metrics_and_no_trace(self) -> None:
+        """No samples anywhere: the page still renders, saying so."""
+        page = render_page(read_figures(""), None, metrics_source="m", trace_note="no trace")
+        assert page.count("no samples") >= 2
+        assert "no tokens billed yet" in page
+        assert "<svg" not in page
+
+    def test_metrics_url_loses_credentials_and_query(self) -> None:
+        """A URL with a password or a token in its query is shown without them."""
+        assert redact_url("http://u:secret@host:9/metrics?token=x#f") == "http://host:9/metrics"
+
+
+class TestTraceSources:
+    """Where the page's trace comes from."""
+
+    def _args(self, tmp_path, **kw) -> argparse.Namespace:
+        base = {
+            "html": str(tmp_path / "r.html"),
+            "metrics_url": "http://gw/metrics",
+            "traces": None,
+            "trace_file": None,
+            "trace_id": None,
+        }
+        return argparse.Namespace(**{**base, **kw})
+
+    def test_default_source_not_running_leaves_a_note(
+        self, tmp_path, port_factory, monkeypatch
+    ) -> None:
+        """The demo's receiver not running: the page is written and says why no trace."""
+        import stagelens.report_html as report_html
+
+        monkeypatch.setattr(
+            report_html, "DEFAULT_TRACE_SOURCE", f"http://127.0.0.1:{port_factory()}"
+        )
+        assert write_report(self._args(tmp_path), METRICS) == 0
+        assert "the demo&#x27;s receiver is not running" in (tmp_path / "r.html").read_text()
+
+    def test_explicit_source_that_fails_is_an_error(self, tmp_path, port_factory, capsys) -> None:
+        """A --traces URL that does not answer fails the command; no page is written."""
+        dead = f"http://127.0.0.1:{port_factory()}"
+        assert write_report(self._args(tmp_path, traces=dead), METRICS) == 1
+        assert "cannot reach" in capsys.readouterr().err
+        assert not (tmp_path / "r.html").exists()
+
+    def test_trace_file_slowest_or_chosen(self, tmp_path) -> None:
+        """--trace-file draws its slowest trace, or the one --trace-id names."""
+        import json
+
+        from stagelens.traces import to_otlp_json
+
+        fast = [SpanRecord("b" * 32, "3" * 16, "", "fast", 0, 10)]
+        path = tmp_path / "spans.json"
+        path.write_text(json.dumps(to_otlp_json([*_spans("slow", "gateway"), *fast])))
+        assert write_report(self._args(tmp_path, trace_file=path), METRICS) == 0
+        assert f"trace {'a' * 32}" in (tmp_path / "r.html").read_text()
+        args = self._args(tmp_path, trace_file=path, trace_id="b" * 32)
+        assert write_report(args, METRICS) == 0
+        assert f"trace {'b' * 32}" in (tmp_path / "r.html").read_text()
