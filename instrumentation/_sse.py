@@ -1,208 +1,105 @@
-"""Pure parsing of an OpenAI-compatible server's answers: SSE events and JSON bodies.
+"""Pure reading of Server-Sent Events as an OpenAI-compatible server streams them.
 
-No I/O and no telemetry here: every function takes bytes (or a decoded body) and returns
-what it found, so that each can be tested on its own with arbitrary inputs (see
-tests/instrumentation/test_sse.py). The upstream call (``_upstream.py``) decides when each
-runs.
+No I/O and no telemetry here: every function takes bytes and returns what it found, so
+that each can be tested on its own with arbitrary bytes and chunkings
+(tests/instrumentation/test_sse.py). What an event's JSON means is ``_openai.py``'s; the
+upstream call (``_upstream.py``) decides when each runs.
 
-Why byte checks before parsing: most events of a stream only need to be recognised, not
-parsed. A quoted key such as ``"usage"`` cannot occur inside a JSON string (quotes are
-escaped there), so a substring check answers "is the key there" exactly; a precompiled
-pattern runs only when the key is there but spaced differently, as ``json.dumps`` writes
-it by default (``"usage": {``), where vLLM's compact JSON answers the plain check alone.
+Framing follows the SSE specification: lines end with CRLF, LF or CR; a blank line ends an
+event; an event's data is its ``data:`` lines' values (one leading space removed) joined
+with LF; comments (``:``) and other fields carry no data.
 """
 
 from __future__ import annotations
 
-import json
-import json.scanner
 import re
-from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-from stagelens import semconv as sc
-from stagelens.pricing import Usage
-
-_USAGE_KEY: Final = b'"usage"'
-_USAGE_COMPACT: Final = b'"usage":{'
-_USAGE_RE: Final = re.compile(rb'"usage"\s*:\s*\{')
-_CHOICES_KEY: Final = b'"choices"'
-_NO_CHOICES_COMPACT: Final = b'"choices":[]'
-_NO_CHOICES_RE: Final = re.compile(rb'"choices"\s*:\s*\[\s*\]')
-_FINISH_KEY: Final = b'"finish_reason"'
-_FINISH_COMPACT: Final = b'"finish_reason":"'
-_FINISH_NULL_COMPACT: Final = b'"finish_reason":null'
-_FINISH_NULL_SPACED: Final = b'"finish_reason": null'
-_FINISH_RE: Final = re.compile(rb'"finish_reason"\s*:\s*"')
 DONE: Final = b"[DONE]"
 """The payload of the stream's terminating event."""
-_DONE_LINE: Final = re.compile(rb"data:[ \t]*\[DONE\]")
-_DONE_WINDOW: Final = 64
-"""``[DONE]`` is the stream's last event: it is looked for in the tail's last bytes only."""
 
-PHASE_KEYS: Final = (
-    (sc.PHASE_QUEUE, "queue_time_ms"),
-    (sc.PHASE_PREFILL, "time_to_first_token_ms"),
-    (sc.PHASE_DECODE, "generation_time_ms"),
-)
-"""The engine phases and the per-request metric of vLLM's response that times each."""
-_NUMBER: Final = (int, float)
-"""What a timing in vLLM's per-request metrics may be (a tuple: ``int | float`` would be
-built anew on every check)."""
+Event = tuple[int, int, bytes | None]
+"""One complete event in a buffer: (start offset, end offset past its blank line, data);
+the data is None for an event without ``data:`` lines (a comment, a keep-alive)."""
+
+_LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 
 
-def _has(payload: bytes, key: bytes, compact: bytes, pattern: re.Pattern[bytes]) -> bool:
-    """``pattern`` in ``payload``, answered by substring checks whenever possible."""
-    if compact in payload:
-        return True
-    return key in payload and pattern.search(payload) is not None
+def data_of(block: bytes) -> bytes | None:
+    """The data of one event's lines (no blank line among them), LF-separated."""
+    if block.startswith(b"data:") and b"\n" not in block:
+        value = block[5:]  # the usual event: one data line
+        return value[1:] if value[:1] == b" " else value
+    values = []
+    for line in block.split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            values.append(value[1:] if value[:1] == b" " else value)
+        elif line == b"data":
+            values.append(b"")
+    return b"\n".join(values) if values else None
 
 
-def has_usage(payload: bytes) -> bool:
-    """The event carries a usage object (``"usage": {...}``, not ``null``)."""
-    return _USAGE_KEY in payload and _has(payload, _USAGE_KEY, _USAGE_COMPACT, _USAGE_RE)
+def split_events(data: bytes) -> tuple[list[Event], int]:
+    """The complete events in ``data`` and the offset where the incomplete rest begins.
 
-
-def has_no_choices(payload: bytes) -> bool:
-    """The event's choices are an empty list: with usage, the usage-only event that follows
-    the last token. The one detector of that event (the middleware uses it too)."""
-    return _has(payload, _CHOICES_KEY, _NO_CHOICES_COMPACT, _NO_CHOICES_RE)
-
-
-def is_final_choice(payload: bytes) -> bool:
-    """True when some choice in the event carries a finish reason (a string, not null)."""
-    if _FINISH_COMPACT in payload:
-        return True
-    keys = payload.count(_FINISH_KEY)
-    if not keys:
-        return False
-    nulls = payload.count(_FINISH_NULL_COMPACT) + payload.count(_FINISH_NULL_SPACED)
-    return keys > nulls and _FINISH_RE.search(payload) is not None
-
-
-_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = json.scanner.make_scanner(
-    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types the argument as the class
-)
-"""The JSON decoder's own scanner (C when available), as ``json.loads`` uses it."""
-
-
-def loads(raw: bytes) -> Any:
-    """``json.loads(raw)``, in one C call for the usual case (UTF-8, no whitespace around).
-
-    Why: ``json.loads`` spends more time finding the encoding and stepping through its
-    Python layers than parsing a short event; every upstream call parses its request body
-    and its usage event. Anything unusual takes ``json.loads`` itself, same result, same
-    errors.
+    Why offsets: the call removes the usage event it asked for by its exact bytes, and
+    keeps an incomplete event for the next chunk; everything else reaches the app as it
+    came. A final CR is held back (a CRLF may be split across chunks).
     """
-    try:
-        text = raw.decode()
-        value, end = _SCAN(text, 0)
-    except (UnicodeDecodeError, StopIteration):
-        return json.loads(raw)
-    if end != len(text):
-        return json.loads(raw)  # trailing whitespace, or data after the value (refused)
-    return value
+    if b"\r" in data:
+        return _split_any_line_ends(data)
+    events: list[Event] = []
+    start = 0
+    find = data.find
+    while (at := find(b"\n\n", start)) >= 0:
+        events.append((start, at + 2, data_of(data[start:at].lstrip(b"\n"))))
+        start = at + 2
+    return events, start
 
 
-def data_lines(buffer: bytearray, chunk: bytes) -> tuple[list[bytes], bytearray]:
-    """Append ``chunk`` to the partial line in ``buffer``; return the payloads of the
-    complete ``data:`` lines (stripped) and the new partial line."""
-    buffer += chunk
-    if b"\n" not in chunk:
-        return [], buffer
-    lines = buffer.split(b"\n")
-    rest = bytearray(lines.pop())
-    return [bytes(line[5:]).strip() for line in lines if line.startswith(b"data:")], rest
+def _split_any_line_ends(data: bytes) -> tuple[list[Event], int]:
+    """``split_events`` for data with CR or CRLF line ends."""
+    events: list[Event] = []
+    start = line_start = 0
+    lines: list[bytes] = []
+    for end in _LINE_END.finditer(data):
+        if end.group() == b"\r" and end.end() == len(data):
+            break  # maybe the first half of a CRLF: wait for the next chunk
+        line = data[line_start : end.start()]
+        line_start = end.end()
+        if line:
+            lines.append(line)
+            continue
+        if lines:  # a blank line ends the event
+            events.append((start, line_start, data_of(b"\n".join(lines))))
+            lines = []
+        start = line_start  # blank lines before an event belong to no event
+    return events, start
 
 
-def _line_around(data: bytearray, at: int, start: int) -> tuple[int, bytes | None]:
-    """(start offset, payload) of the SSE line holding offset ``at``; the payload is the
-    JSON after ``data:``, or None when the line is no data line."""
-    begin = data.rfind(b"\n", start, at) + 1 or start
-    end = data.find(b"\n", at)
-    line = bytes(data[begin : end if end >= 0 else len(data)])
-    if not line.startswith(b"data:"):
-        return begin, None
-    return begin, line[5:].strip()
+def is_done(payload: bytes) -> bool:
+    """The event is the stream's terminator (``[DONE]``, spaces around allowed)."""
+    return payload.strip() == DONE
 
 
-def _ends_with_done(data: bytearray, start: int) -> bool:
-    """The tail's last data line is ``data: [DONE]`` and nothing else."""
-    at = data.rfind(DONE, max(start, len(data) - _DONE_WINDOW))
-    if at < 0:
-        return False
-    line_start = data.rfind(b"\n", start, at) + 1 or start
-    found = _DONE_LINE.match(data, line_start)
-    if found is None or found.end() != at + len(DONE):
-        return False
-    line_end = data.find(b"\n", at)
-    return not data[found.end() : line_end if line_end >= 0 else len(data)].strip()
+def output_fast(payload: bytes, key: bytes) -> bool:
+    """True when the event's JSON has ``key`` (``b'"content"'`` or ``b'"text"'``) with a
+    non-empty string value: the event carries generated output. False means "not shown
+    here" (the event is then parsed), never "no output".
 
-
-def final_events(data: bytearray, start: int, recording: bool) -> tuple[bool, list[bytes]]:
-    """Read a stream's final events from its kept tail ``data[start:]`` (one choice).
-
-    Returns (the last event arrived, the payloads to parse in stream order). With one
-    choice, all that matters sits at the end of the stream: the last event carrying usage
-    (a running total with continuous usage stats: the last is the final one), the choice's
-    finish reason, and ``[DONE]``. Each is found by searching back from the end in C
-    (``rfind``), not by walking the lines (a quoted key cannot occur inside a JSON string).
-    Only the usage event is returned, with the finish event when ``recording`` (the span
-    shows finish reasons); sampled out, only the usage event is looked for, and whether
-    the stream ended is not decided (it sets a span's status alone).
+    Why: nearly every event of a stream is a content event, and finding one key costs a
+    tenth of parsing the event. The check is sound for JSON as encoders write it: a quoted
+    key followed by a colon cannot lie inside a JSON string (its quotes would be escaped),
+    and one preceded by a backslash is refused. Soundness against the parsed event is
+    property-tested (tests/instrumentation/test_sse.py).
     """
-    ended = recording and _ends_with_done(data, start)
-    usage_line = None
-    at = data.rfind(_USAGE_KEY, start)
-    while at >= 0 and _USAGE_RE.match(data, at) is None:  # "usage": null, or a value
-        at = data.rfind(_USAGE_KEY, start, at)
-    if at >= 0:
-        usage_line = _line_around(data, at, start)
-        if recording and usage_line[1] is not None and has_no_choices(usage_line[1]):
-            ended = True  # the usage-only chunk comes after the last token
-    finish_line = None
-    at = data.rfind(_FINISH_KEY, start) if recording else -1
-    if at >= 0 and _FINISH_RE.match(data, at) is not None:
-        ended = True
-        finish_line = _line_around(data, at, start)
-    lines: tuple[tuple[int, bytes | None] | None, ...]
-    if finish_line is None or finish_line == usage_line:
-        lines = (usage_line,)
-    elif usage_line is None:
-        lines = (finish_line,)
-    elif finish_line < usage_line:  # in stream order: the later event's usage wins
-        lines = (finish_line, usage_line)
-    else:
-        lines = (usage_line, finish_line)
-    return ended, [line[1] for line in lines if line is not None and line[1] is not None]
-
-
-def usage_of(body: dict[str, Any]) -> Usage | None:
-    """The usage an answer (or event) reports; None when it carries none."""
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    details = usage.get("prompt_tokens_details") or {}
-    return Usage(
-        input_tokens=int(usage.get("prompt_tokens") or 0),
-        output_tokens=int(usage.get("completion_tokens") or 0),
-        cached_input_tokens=int(details.get("cached_tokens") or 0),
-    )
-
-
-def finish_reasons_of(body: dict[str, Any]) -> list[str]:
-    """The finish reasons of the choices an answer (or event) carries."""
-    choices = body.get("choices") or ()
-    return [str(reason) for choice in choices if (reason := choice.get("finish_reason"))]
-
-
-def phases_of(engine: dict[str, Any] | None) -> list[tuple[str, float]]:
-    """(phase, seconds) from vLLM's per-request metrics (``--enable-per-request-metrics``)."""
-    if not engine:
-        return []
-    out = []
-    for phase, key in PHASE_KEYS:
-        value = engine.get(key)
-        if isinstance(value, _NUMBER) and value >= 0:
-            out.append((phase, value / 1000.0))
-    return out
+    at = payload.find(key)
+    if at <= 0 or payload[at - 1] == 92:  # 92: a backslash (the quote is escaped)
+        return False
+    after = payload[at + len(key) : at + len(key) + 4]
+    if after[:2] == b':"':
+        return after[2:3] not in (b'"', b"")
+    if after[:3] == b': "':
+        return after[3:4] not in (b'"', b"")
+    return False

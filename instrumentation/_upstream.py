@@ -2,19 +2,19 @@
 
 The call's ``mode`` says what it does with the next chunk of the upstream body:
 
-- ``BODY``: a non-streamed answer: kept (up to ``_MAX_BODY``) and parsed when it ends;
-- ``EVENTS``: a stream whose events are parsed as they arrive: until its first event is
-  read (a recorded span shows the response id and model), or throughout with ``n > 1``
-  (a choice may finish long before the others);
-- ``TAIL``: a stream that only keeps its last bytes: with one choice every event that
-  matters but the first sits at the end of the stream, so a content chunk costs an append
-  and no scan, and the final events are read from the tail once, when the stream ends;
+- ``BODY``: an answer that is not an event stream (not streamed, or an error status):
+  kept (up to ``_MAX_BODY``) and read when it ends;
+- ``EVENTS``: a stream whose every event is read as it arrives (``_events.py``): output
+  events are counted and marked for the request's first token and inter-token gaps, the
+  usage, finish reasons, engine timings and error events are taken, and the usage event
+  stagelens asked for is removed from what the app reads;
+- ``PASS``: a stream no longer read (an event longer than ``_TAIL_MAX``, or a reading that
+  failed): its chunks pass as they come, nothing more is learned;
 - ``FINISHED``: the span ended and the figures were handed to the request.
 
-``EVENTS`` moves to ``TAIL`` once the first event is read (one choice). Any mode moves to
-``FINISHED`` when the body was read to its end, failed, or was closed (``finish`` /
-``closed``). How the stream ended is a separate fact (``_ended``: its last event arrived),
-which decides the span's status.
+Any mode moves to ``FINISHED`` when the body was read to its end, failed, or was closed
+(``finish`` / ``closed``). How the stream ended (``_ended``: its last event arrived) and
+whether it failed after its headers (``_failure``) are facts beside the mode.
 """
 
 from __future__ import annotations
@@ -27,24 +27,22 @@ from typing import Any, Final
 import httpx
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation import _sse
+from stagelens.instrumentation import _openai
+from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import add_upstream_headers
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
-from stagelens.request import RequestState, current_request
+from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
-"""Non-streamed bodies are kept up to this size for parsing usage (bigger: not parsed)."""
+"""Answers that are not streamed are kept up to this size for their usage (bigger: not
+read)."""
 _NS: Final = 1_000_000_000
 _INFERENCE: Final = Stage.INFERENCE.value
-_TAIL_KEEP: Final = 16 * 1024
-_TAIL_MAX: Final = 48 * 1024
-"""A stream's body is not scanned as it passes: only its last ``_TAIL_KEEP`` to
-``_TAIL_MAX`` bytes are kept, and the final events are read from them once, when the
-stream ends."""
 
 
 class Mode(enum.Enum):
@@ -52,13 +50,13 @@ class Mode(enum.Enum):
 
     BODY = "body"
     EVENTS = "events"
-    TAIL = "tail"
+    PASS = "pass"
     FINISHED = "finished"
 
 
 _BODY: Final = Mode.BODY
 _EVENTS: Final = Mode.EVENTS
-_TAIL: Final = Mode.TAIL
+_PASS: Final = Mode.PASS
 _FINISHED: Final = Mode.FINISHED
 
 
@@ -69,24 +67,18 @@ class ClientDisconnected(Exception):
         super().__init__("the client disconnected; the generation was aborted")
 
 
-class _UpstreamCall:
-    """One instrumented upstream request: span, mode, parsed facts, timings."""
+class _UpstreamCall(EventReader):
+    """One instrumented upstream request: span, mode, what its answer said, timings."""
 
     __slots__ = (
         "_buffer",
-        "_ended",
         "_engine",
-        "_finish_reasons",
-        "_last_data_ns",
-        "_recording",
-        "_refused",
-        "_response_id",
+        "_headers_seen",
+        "_inference",
+        "_payload",
         "_response_model",
-        "_single_choice",
+        "_status",
         "_t0",
-        "_tail_cut",
-        "_unread_first",
-        "_usage",
         "mode",
         "model",
         "span",
@@ -106,9 +98,7 @@ class _UpstreamCall:
         self.telemetry = telemetry
         self.state = state
         self.model = str(payload.get("model") or telemetry.settings.default_model)
-        self.stream = bool(payload.get("stream", False))
-        if state is not None and state.model is None:
-            state.set_model(self.model)
+        self.stream = stream = payload.get("stream", False) is True
         if state is not None and not state.recording:
             # Sampled out: propagate the root's (unsampled) context, build nothing.
             self.span: trace.Span = trace.NonRecordingSpan(state.root_span.get_span_context())
@@ -116,143 +106,108 @@ class _UpstreamCall:
             self.span = telemetry.tracer.start_span(
                 f"{operation} {self.model}",
                 kind=SpanKind.CLIENT,
-                attributes=_client_attributes(self.model, self.stream, operation, payload, request),
+                attributes=_client_attributes(self.model, stream, operation, payload, request),
             )
-        self._recording = recording = self.span.is_recording()
+        recording = self.span.is_recording()
+        inference = None
+        if state is not None:
+            if state.model is None:
+                state.set_model(self.model)
+            inference = state.inference
+            if inference is None:
+                inference = state.inference = InferenceFacts()
+            inference.calls += 1
+            state.streamed = state.streamed or stream
+        self._inference = inference
+        n = payload.get("n")
+        EventReader.__init__(
+            self,
+            recording=recording,
+            chat=operation == sc.GEN_AI_OPERATION_CHAT,
+            single_choice=n is None or n == 1,
+            sends=state.token_times if state is not None else None,
+            inference=inference,
+        )
         if telemetry.settings.capture_message_content and recording:
             content = payload.get("messages", payload.get("prompt"))
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
+        if stream and not _openai.wants_usage(payload):
+            # Ask for the usage event (billing needs it) and remove it from what the app
+            # reads, which is then byte for byte what it would read without stagelens.
+            self._asked_usage = _ask_for_usage(request, payload)
         request_id = add_upstream_headers(request, self.span, recording)
         if state is not None:
             state.request_id = request_id
         if recording:
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
+        self._payload = payload
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
-        """BODY: the body; EVENTS: the partial line; TAIL: the stream's tail."""
-        self._ended = False
-        """The stream's last event arrived ([DONE], a finish reason or the usage chunk).
-        It decides the span's status only: a sampled-out stream's tail is not searched."""
-        self._unread_first = recording
-        """The first event is still to be read for the span's response id and model (a
-        sampled-out request has no span, so nothing to read before the final events)."""
-        n = payload.get("n")
-        self._single_choice = n is None or n == 1
-        if not self.stream:
-            self.mode = _BODY
-        elif self._unread_first or not self._single_choice:
-            self.mode = _EVENTS
-        else:
-            self.mode = _TAIL
-        self._tail_cut = False
-        self._last_data_ns = 0
-        self._response_id: str | None = None
-        self._response_model: str | None = None
-        self._finish_reasons: list[str] = []
-        self._usage: Usage | None = None
+        """BODY: the answer so far."""
+        self.mode = _EVENTS if stream else _BODY
+        self._status = 0
+        self._headers_seen = False
         self._engine: dict[str, Any] | None = None
-        self._refused = False
-        """The server answered with an error status."""
+        self._response_model: str | None = None
 
     # -- response ----------------------------------------------------------------------
     def on_response(self, response: httpx.Response) -> None:
-        self._last_data_ns = time.time_ns()
-        if response.status_code >= 400:
-            self._refused = True
-            self._ended = True  # an error body, not an event stream: no last event to await
+        self._headers_seen = True
+        self._status = status = response.status_code
+        if status >= 400:
+            self.mode = _BODY  # an error body, not an event stream: read it at the end
+            self._ended = True  # no last event to await
+        elif self._inference is not None:
+            self._inference.ok = True  # answered: the model it named is served
+        if status < 400 and self._asked_usage:
+            content_type = response.headers.get("content-type", "")
+            self._strip = content_type.startswith("text/event-stream")
         if self.span.is_recording():
             vllm_id = response.headers.get(sc.HEADER_REQUEST_ID)
             if vllm_id:
                 self.span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
-            if response.status_code >= 400:
-                self.span.set_attribute(sc.ERROR_TYPE, str(response.status_code))
-                self.span.set_status(Status(StatusCode.ERROR, f"HTTP {response.status_code}"))
+            if status >= 400:
+                self.span.set_attribute(sc.ERROR_TYPE, str(status))
+                self.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
-    def on_chunk(self, chunk: bytes) -> None:
-        """Take one chunk of the body, as the mode says (the hot path of every stream)."""
+    def on_chunk(self, chunk: bytes) -> bytes:
+        """Take one chunk of the body, as the mode says; return the bytes the app reads
+        now (the chunk itself, except around the usage event stagelens asked for)."""
         mode = self.mode
-        if mode is _TAIL:
-            tail = self._buffer
-            tail += chunk
-            if len(tail) > _TAIL_MAX:
-                self.trim_tail()
-            if self._recording:  # the latest chunk's time ends the engine spans
-                self._last_data_ns = time.time_ns()
-        elif mode is _EVENTS:
-            payloads, self._buffer = _sse.data_lines(self._buffer, chunk)
-            for payload in payloads:
-                if payload == _sse.DONE:
-                    self._ended = True
-                elif payload:
-                    self._on_event(payload)
-            if not self._unread_first and self._single_choice:
-                self.mode = _TAIL  # the first event is read: from here on, keep the tail
-        elif mode is _BODY and len(self._buffer) + len(chunk) <= _MAX_BODY:
-            self._buffer += chunk
-
-    def trim_tail(self) -> None:
-        """Keep the last ``_TAIL_KEEP`` bytes of the stream's tail."""
-        tail = self._buffer
-        del tail[: len(tail) - _TAIL_KEEP]
-        self._tail_cut = True
-
-    def _settle(self) -> None:
-        """Read the final events from the kept tail (once, when a TAIL stream ended)."""
-        if self.mode is not _TAIL:
-            return
-        self.mode = _EVENTS  # read: a second call finds nothing to do
-        data, self._buffer = self._buffer, bytearray()
-        start = data.find(b"\n") + 1 if self._tail_cut else 0  # a cut leaves a partial line
-        ended, payloads = _sse.final_events(data, start, self._recording)
-        self._ended = self._ended or ended
-        for payload in payloads:
-            try:  # not contextlib.suppress: a context manager costs more than the parse
-                self._absorb(_sse.loads(payload))
-            except ValueError:
-                continue  # not JSON: nothing to learn from it
-
-    def _on_event(self, payload: bytes) -> None:
-        """Apply one event read as it arrived: end of stream, time of the latest token,
-        and what it carries."""
-        finishes = _sse.is_final_choice(payload)
-        usage = _sse.has_usage(payload)
-        usage_only = usage and _sse.has_no_choices(payload)
-        if not usage_only:
-            self._last_data_ns = time.time_ns()
-        if finishes or usage_only:
-            self._ended = True
-        # A recorded span gets the first event's id and model and the finish reasons; a
-        # sampled-out request only needs what feeds metrics and billing (usage, timings).
-        if self._unread_first or usage or (finishes and self._recording):
-            self._unread_first = False
+        if mode is _EVENTS:
+            held = self._partial if self._strip else b""
             try:
-                self._absorb(_sse.loads(payload))
-            except ValueError:
-                return
+                return self.read(chunk)
+            except Exception as exc:  # never the app's problem: pass every byte on
+                self.mode = _PASS
+                self._partial, self._strip = b"", False
+                self._report(sc.COMPONENT_UPSTREAM, exc)
+                return held + chunk
+        if mode is _BODY and len(self._buffer) + len(chunk) <= _MAX_BODY:
+            self._buffer += chunk
+        return chunk
 
-    def _absorb(self, body: dict[str, Any]) -> None:
-        if self._recording:  # what only the span shows
-            self._response_id = self._response_id or body.get("id")
-            self._response_model = self._response_model or body.get("model")
-            self._finish_reasons += _sse.finish_reasons_of(body)
-        usage = _sse.usage_of(body)
-        if usage is not None:
-            self._usage = usage
-        metrics = body.get("metrics")
-        if isinstance(metrics, dict):
-            self._engine = metrics
+    def flush(self) -> bytes:
+        """The bytes held back for the app (an incomplete event) when the body ends."""
+        return self.release()
+
+    def _report(self, component: str, exc: BaseException) -> None:
+        """Count a failure to read; logged once, by type only (messages can quote the
+        prompt or the completion)."""
+        self.telemetry.report_error(component, _Unreadable(exc))
 
     # -- end -----------------------------------------------------------------------------
     def finish(self, error: BaseException | None = None) -> None:
         """End the span and record; idempotent (close after exhaustion is a no-op)."""
         if self.mode is _FINISHED:
             return
+        reading = self.mode is _EVENTS
+        self.mode = _FINISHED
         try:
-            self._settle()
-            self.mode = _FINISHED
+            if reading:
+                self.settle()
             self._finish(error)
         except Exception as exc:
-            self.mode = _FINISHED
             self.telemetry.report_error("upstream", exc)
             self.span.end()
 
@@ -269,7 +224,9 @@ class _UpstreamCall:
         if self.mode is _FINISHED:
             return
         try:
-            self._settle()
+            if self.mode is _EVENTS:
+                self.settle()
+                self.mode = _PASS
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
         if self._ended:
@@ -277,45 +234,114 @@ class _UpstreamCall:
             return
         if self.span.is_recording():
             self.span.set_attribute(sc.ATTR_STREAM_CLOSED_EARLY, True)
-        self._ended = True
+        self._ended = True  # cut on purpose or the client gone: no failure of the server
         state = self.state
         self.finish(ClientDisconnected() if state is not None and state.disconnected else None)
 
     def _finish(self, error: BaseException | None) -> None:
         elapsed = time.perf_counter() - self._t0
-        if not self.stream and self._buffer:
-            try:
-                body = _sse.loads(bytes(self._buffer))
-                if isinstance(body, dict):
-                    self._absorb(body)
-                    if self.telemetry.settings.capture_message_content:
-                        self._capture_output(body)
-            except ValueError:
-                pass
-        state, span, telemetry = self.state, self.span, self.telemetry
-        if self._usage is not None and state is not None:
-            state.upstream_usage = self._usage
-        phases = _sse.phases_of(self._engine)
-        if state is not None:  # recorded with the request's other figures at its end
+        if self._buffer:
+            self._read_body(bytes(self._buffer))
+        answered = self._headers_seen and self._status < 400
+        if error is not None and answered and _is_failure(error):
+            self._failure = type(error).__qualname__  # the backend failed mid-answer
+        elif self.stream and answered and not self._ended and error is None:
+            self._failure = sc.ERROR_TYPE_INCOMPLETE_STREAM
+        elif self._headers_seen and self._status >= 500:
+            self._failure = str(self._status)  # a failing server, whatever the app answers
+        usage, billing = self._metered(answered)
+        phases = _openai.phases_of(self._engine)
+        upstream_ttft = (
+            self._first_output_at - self._t0
+            if self.stream and self._first_output_at is not None
+            else None
+        )
+        state, inference = self.state, self._inference
+        if state is not None and inference is not None:
+            if usage is not None:
+                state.upstream_usage = _openai.add_usage(state.upstream_usage, usage)
+            inference.failure = self._failure  # the latest call decides
+            inference.estimated = inference.estimated or billing == sc.BILLING_ESTIMATED
+            inference.unbilled = inference.unbilled or billing == sc.BILLING_UNBILLED
+            if inference.upstream_ttft is None:
+                inference.upstream_ttft = upstream_ttft
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
         else:  # no request around the call: recorded now, its model label bounded here
-            model = telemetry.models.label(self.model, served=error is None and not self._refused)
-            series = telemetry.instruments.for_model(model)
-            series.stage(_INFERENCE).observe(elapsed)
-            for phase, seconds in phases:
-                series.phase(phase).observe(seconds)
+            self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
+        span = self.span
         if span.is_recording():
-            self._set_response_attributes(span, error)
+            self._set_response_attributes(span, error, usage, billing)
             self._engine_spans(phases)
         span.end()
+
+    def _read_body(self, raw: bytes) -> None:
+        """Take a whole answer (not streamed, or an error body)."""
+        try:
+            body = _openai.loads(raw)
+        except ValueError:
+            if self._status < 400:
+                self._report(sc.COMPONENT_UPSTREAM_EVENT, ValueError("answer is not JSON"))
+            return
+        facts = _openai.EventFacts(body)
+        if self._status >= 400:
+            return
+        self.take(facts)
+        if facts.outputs and self._first_output_at is None:
+            self._first_output_at = time.perf_counter()
+            self.mark_first()
+        if self.telemetry.settings.capture_message_content and isinstance(body, dict):
+            self._capture_output(body)
+
+    def take(self, facts: _openai.EventFacts) -> None:
+        """Apply one event's (or the answer's) facts beyond output (EventReader.take)."""
+        super().take(facts)
+        if facts.metrics is not None:
+            self._engine = facts.metrics
+        if self._recording:
+            self._response_model = self._response_model or facts.model
+
+    def _metered(self, answered: bool) -> tuple[Any, str | None]:
+        """(the call's usage, the billing label when the server's usage was missing)."""
+        if self._usage is not None:
+            return self._usage, None
+        if not answered:
+            return None, None  # refused or never answered: nothing was generated
+        if self._outputs:
+            estimate = Usage(
+                input_tokens=_openai.prompt_size(self._payload), output_tokens=self._outputs
+            )
+            return estimate, sc.BILLING_ESTIMATED
+        return None, sc.BILLING_UNBILLED
+
+    def _record_alone(
+        self,
+        elapsed: float,
+        phases: list[tuple[str, float]],
+        upstream_ttft: float | None,
+        billing: str | None,
+        answered: bool,
+    ) -> None:
+        """Record a call made outside any instrumented request (no middleware)."""
+        telemetry = self.telemetry
+        served = answered and self._failure is None
+        model = telemetry.models.label(self.model, served=served)
+        instruments = telemetry.instruments
+        series = instruments.for_model(model)
+        series.stage(_INFERENCE).observe(elapsed)
+        for phase, seconds in phases:
+            series.phase(phase).observe(seconds)
+        if upstream_ttft is not None:
+            instruments.upstream_ttft.get(model).observe(upstream_ttft)
+        if billing is not None:
+            instruments.unmetered.get(model, billing).inc()
 
     def _engine_spans(self, phases: list[tuple[str, float]]) -> None:
         """Child spans laid back to back, ending when the last token arrived."""
         if not phases:
             return
         parent = trace.set_span_in_context(self.span)
-        end_ns = self._last_data_ns or time.time_ns()
+        end_ns = self._last_output_ns or time.time_ns()
         for phase, seconds in reversed(phases):
             start_ns = end_ns - int(seconds * _NS)
             child = self.telemetry.tracer.start_span(
@@ -327,30 +353,65 @@ class _UpstreamCall:
             child.end(end_time=end_ns)
             end_ns = start_ns
 
-    def _set_response_attributes(self, span: trace.Span, error: BaseException | None) -> None:
+    def _set_response_attributes(
+        self,
+        span: trace.Span,
+        error: BaseException | None,
+        usage: Usage | None,
+        billing: str | None,
+    ) -> None:
         if self._response_id:
             span.set_attribute(sc.GEN_AI_RESPONSE_ID, self._response_id)
         if self._response_model:
             span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, self._response_model)
         if self._finish_reasons:
             span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self._finish_reasons)
-        if self._usage is not None:
-            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, self._usage.input_tokens)
-            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, self._usage.output_tokens)
-            span.set_attribute(
-                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, self._usage.cached_input_tokens
-            )
+        if usage is not None:
+            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
+            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
+            span.set_attribute(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cached_input_tokens)
+        if billing == sc.BILLING_ESTIMATED:
+            span.set_attribute(sc.ATTR_USAGE_ESTIMATED, True)
         if error is not None:
             span.record_exception(error)
             span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-        elif self.stream and not self._ended:
-            span.set_attribute(sc.ERROR_TYPE, "incomplete_stream")
-            span.set_status(Status(StatusCode.ERROR, "stream closed before the last event"))
+        elif self._failure is not None and self._status < 400:
+            span.set_attribute(sc.ERROR_TYPE, self._failure)
+            span.set_status(Status(StatusCode.ERROR, "stream failed after its response began"))
 
     def _capture_output(self, body: dict[str, Any]) -> None:
-        messages = [c.get("message") or {"text": c.get("text")} for c in body.get("choices") or ()]
+        choices = body.get("choices")
+        messages = [
+            c.get("message") or {"text": c.get("text")}
+            for c in (choices if isinstance(choices, list) else ())
+            if isinstance(c, dict)
+        ]
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+
+
+class _Unreadable(Exception):
+    """What is logged for an upstream answer that could not be read: the exception's type
+    alone (its message can quote the prompt or the completion)."""
+
+    def __init__(self, exc: BaseException) -> None:
+        super().__init__(f"{type(exc).__qualname__} (message withheld)")
+
+
+def _is_failure(error: BaseException) -> bool:
+    """An exception while reading an answered body that means the backend failed (the
+    connection dropped, a protocol error), not that the reader was cancelled."""
+    return isinstance(error, Exception) and not isinstance(error, ClientDisconnected)
+
+
+def _ask_for_usage(request: httpx.Request, payload: dict[str, Any]) -> bool:
+    """Make ``request`` ask for the usage event; False when its body cannot be rewritten."""
+    try:
+        raw = request.content
+    except httpx.RequestNotRead:
+        return False
+    _compat.set_request_body(request, _openai.with_usage_asked(raw, payload))
+    return True
 
 
 def _client_attributes(
@@ -390,7 +451,7 @@ def start_call(telemetry: Telemetry | None, request: httpx.Request) -> _Upstream
     if telemetry is None:
         telemetry = state.telemetry if state is not None else default_telemetry()
     try:
-        payload = _sse.loads(request.content or b"{}")
+        payload = _openai.loads(request.content or b"{}")
     except (ValueError, httpx.RequestNotRead):
         payload = {}
     if not isinstance(payload, dict):

@@ -5,8 +5,12 @@ Pure ASGI (no BaseHTTPMiddleware) so that streamed bodies pass through untouched
 the way (STYLE rules 8, 9). The middleware object is shared; everything about a request
 lives in a ``_RequestTracker`` made per request.
 
-TTFT is taken at the first non-empty body chunk sent (never at the headers); for an SSE
-response every later non-empty chunk records one inter-token gap. The root span ends at the
+Every non-empty body sent is timestamped (the hot path: nothing else); the upstream
+instrumentation marks each output-bearing event it reads with the number of bodies sent so
+far. At the request's end the first token is the first body sent after the first output
+arrived (never the headers, a role-only chunk, a comment or an error event), and each
+inter-token gap is read per choice from the same sends (``_outcome``): so the readings are
+what the client was sent, however the app re-frames the stream. The root span ends at the
 last byte or when the client goes away, with the cancellation in its status.
 """
 
@@ -16,17 +20,14 @@ import asyncio
 import inspect
 import json
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
-from itertools import islice
-from operator import sub
 from typing import Any
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation._sse import has_no_choices
+from stagelens.instrumentation import _outcome
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
@@ -54,15 +55,6 @@ STATUS_CLIENT_CLOSED = 499
 """``code`` label for a request whose client went away before any response was sent."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
-_DONE = b"data: [DONE]"
-
-
-def _is_token_chunk(body: bytes) -> bool:
-    """False for the stream's terminator and for usage-only events (an SSE event with no
-    choices carries only usage: it is not a token, so not an ITL gap)."""
-    if body.startswith(_DONE):
-        return False
-    return not has_no_choices(body)
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -172,7 +164,6 @@ class _RequestTracker:
 
     __slots__ = (
         "_mw",
-        "_recent",
         "_response_done",
         "_response_started",
         "_scope",
@@ -186,8 +177,6 @@ class _RequestTracker:
         self._sse = False
         self._response_started = False
         self._response_done = False
-        self._recent: deque[bytes] = deque(maxlen=2)
-        """The last two chunks sent (see _inter_token_gaps)."""
         self._state: RequestState | None = None
 
     async def run(self, receive: Receive, send: Send) -> None:
@@ -274,7 +263,6 @@ class _RequestTracker:
         state = self._state
         assert state is not None
         times = state.token_times
-        recent = self._recent
         perf_counter = time.perf_counter
         if _reports_departure_by_send(self._scope):
             send = _noting_departure(send, state)
@@ -287,7 +275,6 @@ class _RequestTracker:
                 body = message.get("body")
                 if body:
                     times.append(perf_counter())
-                    recent.append(body)
                 if not message.get("more_body", False):
                     self._response_done = True
             elif message["type"] == "http.response.start":
@@ -308,20 +295,6 @@ class _RequestTracker:
             self._mw.telemetry.report_error(name, exc)
             if span.is_recording():
                 span.record_exception(exc)
-
-    def _inter_token_gaps(self) -> list[float]:
-        """The gaps between a stream's chunks, without those of its closing events (the
-        usage chunk, ``[DONE]``): they are no tokens. Only the last two chunks can be
-        such events. A response that is not an event stream has no gaps."""
-        times = self._state.token_times if self._state is not None else []
-        if not self._sse or len(times) < 2:
-            return []
-        gaps = list(map(sub, islice(times, 1, None), times))  # in C: later - earlier
-        for body in reversed(self._recent):
-            if not gaps or _is_token_chunk(body):
-                break
-            gaps.pop()
-        return gaps
 
     def _finish(self, error: BaseException | None) -> None:
         state = self._state
@@ -344,13 +317,40 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
-        model = telemetry.models.label(state.model_label, served=code < 400)
+        client_gone = disconnected and not self._response_done
+        failure = _outcome.failed_after_headers(state, code, client_gone)
+        if failure is not None and state.rejected_by is None:
+            state.reject(Stage.INFERENCE)  # the stage that failed, under a 200
+        inference = state.inference
+        served = code < 400 and failure is None and (inference is None or inference.ok)
+        model = telemetry.models.label(state.model_label, served=served)
         code_label = _CODE_LABELS.get(code) or str(code)
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.
         first_token_at = state.first_token_at
         ttft = (
             first_token_at - state.started_at if first_token_at is not None and code < 400 else None
+        )
+        gaps = (
+            _outcome.inter_token_gaps(state.token_times, inference)
+            if self._sse and inference is not None
+            else []
+        )
+        settings = telemetry.settings
+        outcome = (
+            inference.upstream_ttft if inference is not None else None,
+            _outcome.sli_verdicts(
+                streamed=state.streamed,
+                code=code,
+                server_failed=code >= 500 or failure is not None,
+                client_gone=client_gone,
+                ttft=ttft,
+                waited=end - state.started_at,
+                gaps=gaps,
+                ttft_threshold=settings.ttft_slo_threshold_seconds,
+                itl_threshold=settings.itl_slo_threshold_seconds,
+            ),
+            _outcome.billing_gap(state),
         )
         try:
             telemetry.instruments.submit(
@@ -359,15 +359,30 @@ class _RequestTracker:
                     code_label,
                     end - state.started_at,
                     ttft,
-                    self._inter_token_gaps(),
+                    gaps,
                     state.stage_times,
                     state.phases,
-                    state.rejected_by if code >= 400 else None,
+                    state.rejected_by if code >= 400 or failure is not None else None,
                     state.billing,
+                    outcome,
                 )
             )
         except Exception as exc:
             telemetry.report_error("metrics", exc)
+        self._end_root(error, code, code_label, ttft, disconnected, failure)
+
+    def _end_root(
+        self,
+        error: BaseException | None,
+        code: int,
+        code_label: str,
+        ttft: float | None,
+        disconnected: bool,
+        failure: str | None,
+    ) -> None:
+        """Name, annotate and end the root span."""
+        state = self._state
+        assert state is not None
         root = state.root_span
         if root.is_recording():
             route = self._scope.get("route")
@@ -388,6 +403,9 @@ class _RequestTracker:
             elif code >= 500:
                 root.set_status(Status(StatusCode.ERROR))
                 root.set_attribute(sc.ERROR_TYPE, code_label)
+            elif failure is not None:
+                root.set_status(Status(StatusCode.ERROR, "the answer failed after its headers"))
+                root.set_attribute(sc.ERROR_TYPE, failure)
             if self._mw.response_hook is not None:
                 self._run_span_hook(self._mw.response_hook, root, "response_hook")
         root.end()

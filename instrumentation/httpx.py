@@ -69,7 +69,8 @@ def _source_of(
 
 
 class _AsyncStream(httpx.AsyncByteStream):
-    """The body of an instrumented async call: every chunk to the call, then the app."""
+    """The body of an instrumented async call: every chunk to the call, then what it
+    hands over to the app (the chunk itself, but for the usage event stagelens asked)."""
 
     def __init__(self, wrapped: httpx.AsyncByteStream, call: _UpstreamCall) -> None:
         self._wrapped = wrapped
@@ -79,18 +80,28 @@ class _AsyncStream(httpx.AsyncByteStream):
         call = self._call
         on_chunk = call.on_chunk
         source, exceptions_mapped = _source_of(self._wrapped)
+        failure: BaseException | None = None
         try:
             with exceptions_mapped():
                 async for chunk in source:
-                    on_chunk(chunk)
-                    yield chunk
+                    out = on_chunk(chunk)
+                    if out:
+                        yield out
         except GeneratorExit:
             call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
             raise
         except BaseException as exc:
-            call.finish(exc)
+            failure = exc
+        held = call.flush()  # an incomplete last event held back: the app gets it too
+        try:
+            if held:
+                yield held
+        except GeneratorExit:
+            call.closed()
             raise
-        call.finish()
+        call.finish(failure)
+        if failure is not None:
+            raise failure
 
     async def aclose(self) -> None:
         try:
@@ -100,7 +111,7 @@ class _AsyncStream(httpx.AsyncByteStream):
 
 
 class _SyncStream(httpx.SyncByteStream):
-    """The body of an instrumented sync call: every chunk to the call, then the app."""
+    """The body of an instrumented sync call: the same loop as ``_AsyncStream``."""
 
     def __init__(self, wrapped: httpx.SyncByteStream, call: _UpstreamCall) -> None:
         self._wrapped = wrapped
@@ -109,17 +120,27 @@ class _SyncStream(httpx.SyncByteStream):
     def __iter__(self) -> Iterator[bytes]:
         call = self._call
         on_chunk = call.on_chunk
+        failure: BaseException | None = None
         try:
             for chunk in self._wrapped:
-                on_chunk(chunk)
-                yield chunk
+                out = on_chunk(chunk)
+                if out:
+                    yield out
         except GeneratorExit:
             call.closed()
             raise
         except BaseException as exc:
-            call.finish(exc)
+            failure = exc
+        held = call.flush()
+        try:
+            if held:
+                yield held
+        except GeneratorExit:
+            call.closed()
             raise
-        call.finish()
+        call.finish(failure)
+        if failure is not None:
+            raise failure
 
     def close(self) -> None:
         try:

@@ -26,6 +26,10 @@ from typing import Any, Final
 #   none; without it only the default transport is instrumented.
 # - ``Headers._list``: the (raw name, lower-cased name, value) entries of a header set.
 #   Fallback: the public mapping API (same result, tested).
+# - ``Request._content``: the body ``Request.content`` returns, set beside ``Request.stream``
+#   when the upstream instrumentation asks a stream for its usage event (httpx has no
+#   public way to replace a built request's body). Fallback: none needed; written as
+#   ``Request.read()`` writes it.
 # - ``httpx._transports.default.AsyncResponseStream``, its ``_httpcore_stream`` and
 #   ``map_httpcore_exceptions``: the default transport's body relays httpcore's stream
 #   inside httpx's exception mapping. Fallback: the stream iterated as it is (same chunks,
@@ -60,6 +64,16 @@ def set_client_transports(client: Any, transport: Any, mounts: dict[Any, Any] | 
         client._transport = transport
     if mounts is not None:
         client._mounts = mounts
+
+
+def set_request_body(request: Any, body: bytes) -> None:
+    """Replace a built ``httpx.Request``'s body: what is sent (``stream``), what
+    ``request.content`` returns, and ``Content-Length``."""
+    import httpx
+
+    request.stream = httpx.ByteStream(body)
+    request._content = body
+    request.headers["Content-Length"] = str(len(body))
 
 
 def header_entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:

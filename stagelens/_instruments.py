@@ -38,6 +38,14 @@ _Child = Any  # prometheus_client label children are untyped in its public API
 
 BillingRecord = tuple[str, int, int, int, float]
 """(tenant label, input, output and cached-input tokens, cost in USD) of one request."""
+OutcomeRecord = tuple[
+    float | None,  # upstream time to first token, seconds
+    tuple[tuple[str, bool], ...],  # (sli, bad) for each SLI that counted the request
+    str | None,  # billing label value when the server's usage was missing
+]
+"""What issue 15 added to a request's record: its SLI verdicts, the upstream's share of its
+time to first token, and how it was metered when the server's usage was missing."""
+
 RequestRecord = tuple[
     str,  # model label
     str,  # code label
@@ -48,6 +56,7 @@ RequestRecord = tuple[
     list[tuple[str, float]] | None,  # (engine phase, seconds)
     str | None,  # the stage that rejected the request
     BillingRecord | None,
+    OutcomeRecord | None,  # SLI verdicts, upstream TTFT, billing gap (issue 15)
 ]
 """Everything the gateway series learn from one finished request, queued as one tuple."""
 
@@ -179,6 +188,40 @@ class Instruments:
                 registry=r,
             )
         )
+        self.sli_requests = _ChildCache(
+            Counter(
+                sc.SLI_REQUESTS,
+                "Requests an SLI counts.",
+                [sc.LABEL_MODEL, sc.LABEL_SLI],
+                registry=r,
+            )
+        )
+        self.sli_errors = _ChildCache(
+            Counter(
+                sc.SLI_ERRORS,
+                "Requests that were bad for an SLI.",
+                [sc.LABEL_MODEL, sc.LABEL_SLI],
+                registry=r,
+            )
+        )
+        self.upstream_ttft = _ChildCache(
+            Histogram(
+                sc.UPSTREAM_TTFT,
+                "Upstream request sent to its first output-bearing event received.",
+                [sc.LABEL_MODEL],
+                buckets=ttft_buckets(settings.ttft_slo_threshold_seconds),
+                registry=r,
+            )
+        )
+        self.unmetered = _ChildCache(
+            Counter(
+                sc.UNMETERED_REQUESTS,
+                "Requests whose tokens the server's usage did not give.",
+                [sc.LABEL_MODEL, sc.LABEL_BILLING],
+                registry=r,
+            )
+        )
+        self._outcome_series: dict[tuple[str, str], Any] = {}
         self.spans_dropped = _ChildCache(
             Counter(
                 sc.SPANS_DROPPED,
@@ -254,7 +297,7 @@ class Instruments:
         added: defaultdict[FastCounter, float] = defaultdict(float)
         for_model = self.for_model
         for _ in range(len(pending)):
-            model, code, duration, ttft, gaps, stages, phases, rejected_by, billed = (
+            model, code, duration, ttft, gaps, stages, phases, rejected_by, billed, outcome = (
                 pending.popleft()
             )
             series = for_model(model)
@@ -276,6 +319,8 @@ class Instruments:
                     observed[bound.get(phase) or series.phase(phase)].append(seconds)
             if rejected_by is not None:
                 self.rejections.get(rejected_by, model, code).inc()
+            if outcome is not None:
+                self._fold_outcome(model, outcome, observed, added)
             if billed is not None:
                 tenant, input_tokens, output_tokens, cached_tokens, cost = billed
                 billing = self.billing(model, tenant)
@@ -287,6 +332,40 @@ class Instruments:
             histogram.observe_many(values)
         for counter, amount in added.items():
             counter.inc(amount)
+
+    def _fold_outcome(
+        self,
+        model: str,
+        outcome: OutcomeRecord,
+        observed: defaultdict[FastHistogram, list[float]],
+        added: defaultdict[FastCounter, float],
+    ) -> None:
+        """Add one request's SLI verdicts, upstream TTFT and billing gap to the batch."""
+        upstream_ttft, verdicts, billing = outcome
+        series = self._outcome_series
+        if upstream_ttft is not None:
+            key = (model, "")
+            histogram = series.get(key)
+            if histogram is None:
+                histogram = series[key] = FastHistogram(self.upstream_ttft.get(model))
+            observed[histogram].append(upstream_ttft)
+        for sli, bad in verdicts:
+            key = (model, sli)
+            counters = series.get(key)
+            if counters is None:
+                counters = series[key] = (
+                    FastCounter(self.sli_requests.get(model, sli)),
+                    FastCounter(self.sli_errors.get(model, sli)),
+                )
+            added[counters[0]] += 1
+            # Bound as soon as the SLI counts the model, so that a ratio reads 0, not NaN.
+            added[counters[1]] += bad
+        if billing is not None:
+            key = (model, "billing:" + billing)
+            counter = series.get(key)
+            if counter is None:
+                counter = series[key] = FastCounter(self.unmetered.get(model, billing))
+            added[counter] += 1
 
     def billing(self, model: str, tenant: str) -> BillingSeries:
         """The bound token and cost counters of (``model``, ``tenant``)."""

@@ -14,6 +14,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stagelens import semconv
+from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
 from stagelens.errors import ConfigurationError
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 
@@ -63,6 +64,11 @@ class Settings(BaseSettings):
     """YAML price table; None uses the documented default (see stagelens.pricing)."""
     ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0)
     """TTFT SLO threshold; always made a TTFT histogram bucket boundary."""
+    itl_slo_threshold_seconds: float = Field(default=0.1, gt=0)
+    """ITL SLO threshold: a streamed request whose mean inter-token latency is above it is
+    bad for the ``itl`` SLI. Must be a bucket boundary of
+    ``stagelens_inter_token_latency_seconds`` (``buckets.INTER_TOKEN_LATENCY_BUCKETS``), so
+    that the histogram can be read against it too."""
     stage_budgets_seconds: dict[str, float] = Field(
         default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS_SECONDS)
     )
@@ -78,6 +84,16 @@ class Settings(BaseSettings):
     """``model`` label for requests whose model was never set (e.g. rejected early)."""
     span_queue_size: int = Field(default=2048, ge=1)
     """Bound on spans waiting for export: a dead collector costs at most this much memory."""
+
+    @field_validator("itl_slo_threshold_seconds")
+    @classmethod
+    def _itl_threshold_is_a_bucket(cls, value: float) -> float:
+        if value not in INTER_TOKEN_LATENCY_BUCKETS:
+            raise ValueError(
+                f"itl_slo_threshold_seconds must be a boundary of the ITL histogram, one of "
+                f"{list(INTER_TOKEN_LATENCY_BUCKETS)}; got {value}"
+            )
+        return value
 
     @field_validator("stage_budgets_seconds", "daily_budgets_usd")
     @classmethod

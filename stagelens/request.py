@@ -36,6 +36,7 @@ class RequestState:
         "code",
         "cost_usd",
         "disconnected",
+        "inference",
         "model",
         "phases",
         "recording",
@@ -44,6 +45,7 @@ class RequestState:
         "root_span",
         "stage_times",
         "started_at",
+        "streamed",
         "telemetry",
         "tenant",
         "token_times",
@@ -70,7 +72,14 @@ class RequestState:
         self.cost_usd: float | None = None
         self.rejected_by: str | None = None
         self.token_times: list[float] = []
-        """``perf_counter()`` of every non-empty body chunk sent to the client."""
+        """``perf_counter()`` of every non-empty body chunk sent to the client (the first
+        token is the first of them sent after the first output arrived from upstream)."""
+        self.inference: InferenceFacts | None = None
+        """What the request's upstream completion calls produced (None: it made none)."""
+        self.streamed = False
+        """The request asked for a streamed completion (set by the upstream instrumentation
+        from the call's ``stream``, or by an app that streams its own way); such requests
+        are the population of the ``ttft`` and ``goodput`` SLIs."""
         self.disconnected = False
         self.code: int | None = None
         self.request_id: str | None = None
@@ -81,8 +90,17 @@ class RequestState:
 
     @property
     def first_token_at(self) -> float | None:
-        """When the first content byte went to the client (``perf_counter()``), or None."""
-        return self.token_times[0] if self.token_times and not self.tokenless else None
+        """When the first token went to the client (``perf_counter()``), or None: the first
+        body sent after the first output-bearing event (content, tool call, reasoning,
+        completion text) arrived from an upstream completion call, or, for a call that is
+        not streamed, after its whole answer arrived. A request that made no such call, or
+        whose answer generates no tokens (``set_tokenless``), has none."""
+        inference = self.inference
+        if inference is None or self.tokenless:
+            return None
+        at = inference.first_output
+        times = self.token_times
+        return times[at] if at is not None and at < len(times) else None
 
     @property
     def model_label(self) -> str:
@@ -123,6 +141,49 @@ class RequestState:
         self.rejected_by = stage.value if isinstance(stage, Stage) else str(stage)
         if self.root_span.is_recording():
             self.root_span.set_attribute(sc.ATTR_REJECTED_BY, self.rejected_by)
+
+
+class InferenceFacts:
+    """What a request's upstream completion calls produced, kept for its end.
+
+    Written by the upstream instrumentation as events arrive, read once by the middleware.
+    Output events are not timed here: each is marked with the number of bodies sent to
+    the client so far (``len(token_times)``), which is the index of the first body sent
+    after it arrived. The request's first token and each inter-token gap are read from
+    those sends, so they are what the client was sent, however the app re-frames the
+    stream, and cost no clock read per event.
+    """
+
+    __slots__ = (
+        "calls",
+        "choices",
+        "estimated",
+        "failure",
+        "first_output",
+        "ok",
+        "unbilled",
+        "upstream_ttft",
+    )
+
+    def __init__(self) -> None:
+        self.calls = 0
+        """Upstream completion calls made."""
+        self.first_output: int | None = None
+        """Mark of the first output-bearing event of any call (see the class docstring)."""
+        self.choices: list[list[int]] = []
+        """Per choice of each streamed call: the marks of its output-bearing events."""
+        self.failure: str | None = None
+        """``error.type`` when the latest call failed after its response headers (backend
+        gone mid-stream, an error event, a stream ending before its last event)."""
+        self.ok = False
+        """Some call was answered successfully (a model it named is a served one)."""
+        self.estimated = False
+        """Some call's usage was estimated from what was received."""
+        self.unbilled = False
+        """Some answered call left nothing to bill (no usage, no output received)."""
+        self.upstream_ttft: float | None = None
+        """Seconds from sending the first streamed call that produced output to its first
+        output-bearing event (``stagelens_upstream_time_to_first_token_seconds``)."""
 
 
 def current_request() -> RequestState | None:

@@ -45,6 +45,9 @@ ATTR_REQUEST_ID: Final = "stagelens.request_id"
 """The ``X-Request-Id`` stagelens propagated upstream."""
 ATTR_CLIENT_DISCONNECTED: Final = "stagelens.client_disconnected"
 """True when the client went away before the last byte was sent."""
+ATTR_USAGE_ESTIMATED: Final = "stagelens.usage.estimated"
+"""On the inference span: True when the call's usage was estimated from what was received
+(the stream ended before the server's usage event); see ``BILLING_ESTIMATED``."""
 ATTR_STREAM_CLOSED_EARLY: Final = "stagelens.upstream.closed_early"
 """On the inference span: True when the upstream stream was closed before its last event,
 either cut by the gateway (stop sequence, safety check: not an error) or because the client
@@ -84,6 +87,11 @@ SERVER_PORT: Final = "server.port"
 """Port of the server (the gateway's on the root span, the upstream's on the inference span)."""
 ERROR_TYPE: Final = "error.type"
 """Exception class name or HTTP status code on failure."""
+ERROR_TYPE_INCOMPLETE_STREAM: Final = "incomplete_stream"
+"""``error.type`` value: the upstream stream ended (or was dropped) before its last event."""
+ERROR_TYPE_UPSTREAM_ERROR_EVENT: Final = "upstream_error_event"
+"""``error.type`` value: the upstream sent an error event inside a 200 stream (vLLM does
+when the engine fails mid-generation); its message is never recorded."""
 
 # HTTP semantic conventions on the gateway's root (SERVER) span.
 HTTP_REQUEST_METHOD: Final = "http.request.method"
@@ -266,6 +274,9 @@ COMPONENT_BILLING: Final = "billing"
 """``component`` label value: billing a finished request failed."""
 COMPONENT_METRICS: Final = "metrics"
 """``component`` label value: recording a finished request's metrics failed."""
+COMPONENT_UPSTREAM_EVENT: Final = "upstream_event"
+"""``component`` label value: an upstream event or body could not be read (not JSON, or not
+the expected shape); the bytes still reach the app unchanged."""
 REJECTIONS: Final = "stagelens_rejections_total"
 """Counter {stage, model, code}: requests answered with an error by the stage that rejected
 them (401/429 at the gateway, 404 at the router, 400 at the tokenizer, ...)."""
@@ -273,6 +284,44 @@ TELEMETRY_ERRORS: Final = "stagelens_telemetry_errors_total"
 """Counter {component}: telemetry failures swallowed so serving goes on (hooks, exporters)."""
 SPANS_DROPPED: Final = "stagelens_spans_dropped_total"
 """Counter {reason}: spans that could not be exported (queue full, export failed)."""
+SLI_REQUESTS: Final = "stagelens_sli_requests_total"
+"""Requests an SLI counts (labels: model, sli), recorded by the gateway at each request's end."""
+SLI_ERRORS: Final = "stagelens_sli_errors_total"
+"""Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels: model, sli)."""  # noqa: E501
+UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
+"""Histogram (label: model): from the start of the inference stage (upstream request sent)
+to the first output-bearing event received from the upstream (streamed calls only). The
+inference stage's share of the time to first token; its stage budget applies to this."""
+LABEL_SLI: Final = "sli"
+"""Which service level indicator a request was counted for (``availability``, ``ttft``,
+``itl``, ``goodput``); each request's verdict is decided by the gateway at its end."""
+SLI_AVAILABILITY: Final = "availability"
+"""``sli`` label value: every measured request except those whose client left before the
+answer was complete; bad when answered 5xx or when a stream failed after its 200 headers."""
+SLI_TTFT: Final = "ttft"
+"""``sli`` label value: streamed completions not answered 4xx; bad when the time to first
+token exceeded ``ttft_slo_threshold_seconds`` or no first token came because the request
+failed (a client gone before the first token counts only if it waited past the threshold)."""
+SLI_ITL: Final = "itl"
+"""``sli`` label value: streamed requests with at least two output-bearing events; bad when
+their mean inter-token latency exceeded ``itl_slo_threshold_seconds`` or the stream failed
+after its first token."""
+SLI_GOODPUT: Final = "goodput"
+"""``sli`` label value: the ``ttft`` requests; good only when both the TTFT and the ITL
+objectives were met (ITL counts as met with fewer than two output-bearing events)."""
+UNMETERED_REQUESTS: Final = "stagelens_unmetered_requests_total"
+"""Counter {model, billing}: requests with an inference call whose tokens the server's usage
+did not give: billed from what was received (``estimated``) or not billed at all
+(``unbilled``). An app's own ``record_usage()`` makes a request metered."""
+LABEL_BILLING: Final = "billing"
+"""How a request's tokens were metered when the server's usage was missing."""
+BILLING_ESTIMATED: Final = "estimated"
+"""``billing`` label value: a stream cut before its usage event (client gone, backend died,
+gateway cut), billed from what was received: one output token per output-bearing event,
+input tokens estimated from the prompt's text (UTF-8 bytes / 4, rounded up)."""
+BILLING_UNBILLED: Final = "unbilled"
+"""``billing`` label value: an answered call with neither usage nor any output received:
+nothing could be billed."""
 
 LABEL_STAGE: Final = "stage"
 """Stage label (canonical or user stage name)."""

@@ -118,6 +118,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         sc.TELEMETRY_ERRORS, "counter", "errors", (sc.LABEL_COMPONENT,), (GATEWAY, VLLM_PLUGIN)
     ),
     MetricSpec(sc.SPANS_DROPPED, "counter", "spans", (sc.LABEL_REASON,), _GW),
+    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(
+        sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
+    ),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),
@@ -216,6 +222,7 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_REQUEST_ID, "string"),
     AttributeSpec(sc.ATTR_CLIENT_DISCONNECTED, "boolean"),
     AttributeSpec(sc.ATTR_STREAM_CLOSED_EARLY, "boolean"),
+    AttributeSpec(sc.ATTR_USAGE_ESTIMATED, "boolean"),
     AttributeSpec(sc.GEN_AI_OPERATION_NAME, "string"),
     AttributeSpec(sc.GEN_AI_PROVIDER_NAME, "string"),
     AttributeSpec(sc.GEN_AI_REQUEST_MODEL, "string"),
@@ -313,6 +320,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.ATTR_REQUEST_ID,
             sc.ATTR_VLLM_REQUEST_ID,
             sc.ATTR_STREAM_CLOSED_EARLY,
+            sc.ATTR_USAGE_ESTIMATED,
             sc.ERROR_TYPE,
         ),
         _GW,
@@ -346,6 +354,9 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "HW_TYPE_": sc.ATTR_HW_TYPE,
     "HW_GPU_TASK_": sc.ATTR_HW_GPU_TASK,
     "HW_VENDOR_": sc.ATTR_HW_VENDOR,
+    "SLI_": sc.LABEL_SLI,
+    "BILLING_": sc.LABEL_BILLING,
+    "ERROR_TYPE_": sc.ERROR_TYPE,
 }
 """Constant-name prefix -> the label or attribute whose fixed values it names. A constant
 whose value is itself a key (``GEN_AI_OPERATION_NAME``) is not a value."""

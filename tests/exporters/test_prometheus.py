@@ -199,6 +199,7 @@ def _record(model: str = "m", *, stages: list[tuple[str, float]] | None = None) 
         [("queue", 0.001), ("prefill", 0.04), ("decode", 0.15)],
         None,
         ("acme", 300, 16, 128, 0.0004),
+        None,
     )
 
 

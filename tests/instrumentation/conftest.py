@@ -41,7 +41,8 @@ USAGE = {
 
 def make_upstream() -> Starlette:
     """Upstream app: streams ``x_chunks`` content chunks (default 16), ``x_delay`` s apart
-    after ``x_first_delay`` s, then the usage chunk; the ``x_*`` knobs ride in the body.
+    after ``x_first_delay`` s, then the usage chunk when ``stream_options.include_usage``
+    asks for it (as vLLM); the ``x_*`` knobs ride in the body.
     A model named ``no-such-...`` is refused with 404, as vLLM refuses a model it does not
     serve."""
     seen: list[dict[str, str]] = []
@@ -93,14 +94,15 @@ def make_upstream() -> Starlette:
                     ],
                 }
                 yield f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n".encode()
-            final = {
-                "id": f"chatcmpl-{rid}",
-                "model": body["model"],
-                "choices": [],
-                "usage": USAGE,
-                "metrics": ENGINE_METRICS,
-            }
-            yield f"data: {json.dumps(final, separators=(',', ':'))}\n\n".encode()
+            if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM does
+                final = {
+                    "id": f"chatcmpl-{rid}",
+                    "model": body["model"],
+                    "choices": [],
+                    "usage": USAGE,
+                    "metrics": ENGINE_METRICS,
+                }
+                yield f"data: {json.dumps(final, separators=(',', ':'))}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
         return StreamingResponse(

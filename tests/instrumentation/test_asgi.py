@@ -69,7 +69,9 @@ class TestRequestTraces:
                 "/v1/chat/completions", json={"model": "tiny", "stream": True, "max_tokens": 16}
             )
         assert r.status_code == 200
-        assert r.text.count("data: ") == 18  # 16 chunks + usage + [DONE], passed through
+        # 16 chunks + [DONE], passed through; the usage event stagelens asked for is not
+        assert r.text.count("data: ") == 17
+        assert '"usage"' not in r.text
         spans = _by_name(cap)
         root = spans["POST /v1/chat/completions"]
         assert root.kind is SpanKind.SERVER

@@ -40,7 +40,8 @@ METRICS = {"queue_time_ms": 1.0, "time_to_first_token_ms": 5.0, "generation_time
 
 def _spaced_upstream() -> Starlette:
     """Streams ``x_chunks`` content chunks in ``json.dumps`` default spacing, then (unless
-    ``x_no_final``) the usage chunk and, after ``x_done_delay`` s, ``[DONE]``; with
+    ``x_no_final``, and when ``stream_options.include_usage`` asks, as vLLM does) the usage
+    chunk and, after ``x_done_delay`` s, ``[DONE]``; with
     ``x_die_after`` it raises after that many chunks, so the server drops the connection;
     ``x_sleep`` s between content chunks (default 5 ms)."""
 
@@ -67,7 +68,9 @@ def _spaced_upstream() -> Starlette:
                 }
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
                 await asyncio.sleep(float(body.get("x_sleep", 0.005)))
-            if body.get("x_no_final"):
+            if body.get("x_no_final") or not (body.get("stream_options") or {}).get(
+                "include_usage"
+            ):
                 return
             final = {"id": "chatcmpl-spaced", "choices": [], "usage": USAGE, "metrics": METRICS}
             yield f"data: {json.dumps(final)}\n\n".encode()
@@ -134,7 +137,8 @@ class TestSpacedJson:
     ) -> None:
         """Usage, finish reason and engine phases are read from ``"usage": {`` events."""
         seen, span = await _stream(cap, spaced_url)
-        assert b'"usage": {' in seen  # the upstream really spaced its JSON
+        assert b'"content": "' in seen  # the upstream really spaced its JSON
+        assert b'"usage"' not in seen  # stagelens asked for the usage event, and removed it
         attrs = span.attributes
         assert attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == 40
         assert attrs[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
@@ -157,7 +161,7 @@ async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: b
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-    from stagelens.instrumentation._upstream import _TAIL_MAX
+    from stagelens.instrumentation._events import _TAIL_MAX
 
     from stagelens.telemetry import Telemetry
 
@@ -193,7 +197,13 @@ class TestStreamEndings:
 
     async def test_closed_after_the_usage_chunk_is_a_success(self, cap, spaced_url) -> None:
         """Closing after the usage chunk, before a late ``[DONE]``, is a normal end."""
-        seen, span = await _stream(cap, spaced_url, stop_when=b'"usage": {', x_done_delay=0.5)
+        seen, span = await _stream(
+            cap,
+            spaced_url,
+            stop_when=b'"usage": {',
+            x_done_delay=0.5,
+            stream_options={"include_usage": True},  # the app asked: it reads the event
+        )
         assert b"[DONE]" not in seen
         assert span.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in span.attributes
@@ -292,7 +302,8 @@ def _parse(body: bytes, size: int, payload: dict[str, Any], *, sampled: bool = T
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
     from prometheus_client import CollectorRegistry
-    from stagelens.instrumentation._upstream import _TAIL_MAX, _UpstreamCall
+    from stagelens.instrumentation._events import _TAIL_MAX
+    from stagelens.instrumentation._upstream import _UpstreamCall
 
     from stagelens.telemetry import Telemetry
 
@@ -303,8 +314,8 @@ def _parse(body: bytes, size: int, payload: dict[str, Any], *, sampled: bool = T
     assert call.span.is_recording() == sampled
     for start in range(0, len(body), size):
         call.on_chunk(body[start : start + size])
-    assert len(call._buffer) <= _TAIL_MAX + size  # memory stays bounded, however long
-    call._settle()  # the stream ended: its final events are read
+    assert len(call._partial) <= _TAIL_MAX + size  # memory stays bounded, however long
+    call.settle()  # the stream ended: its final events are read
     return call
 
 
@@ -318,7 +329,7 @@ def test_parse_is_the_same_however_the_stream_is_chunked(
     """Events split across chunks, several events per chunk, or the whole body at once,
     in a short stream or one far longer than the kept tail: the same usage, finish
     reasons, engine timings and end of stream are read."""
-    from stagelens.instrumentation._upstream import _TAIL_MAX
+    from stagelens.instrumentation._events import _TAIL_MAX
 
     body = _vllm_like_stream(spaced=spaced, content=content)
     assert (len(body) > 2 * _TAIL_MAX) == (content == 2000)
@@ -334,7 +345,7 @@ def test_parse_is_the_same_however_the_stream_is_chunked(
     else:
         assert not call._finish_reasons
         assert call._response_id is None
-    assert len(call._buffer) == 0
+    assert len(call._partial) == 0
 
 
 @pytest.mark.parametrize("spaced", [False, True], ids=["compact", "spaced"])
@@ -429,7 +440,7 @@ def test_done_ends_a_stream_only_as_its_own_event(closing: bytes, ended: bool) -
 
 def test_loads_is_json_loads() -> None:
     """The one-call JSON path gives json.loads' result, and its errors, for every input."""
-    from stagelens.instrumentation._sse import loads as _loads
+    from stagelens.instrumentation._openai import loads as _loads
 
     good = [
         b'{"model": "tiny", "stream": true}',

@@ -1,26 +1,29 @@
-"""The pure SSE/JSON parsing functions (``stagelens.instrumentation._sse``), property-tested:
-each byte-level shortcut gives what parsing the JSON gives, for arbitrary event contents
-(quotes, keys and brackets inside strings included), spacings and chunkings."""
+"""SSE framing (``stagelens.instrumentation._sse``), property-tested: events are found the
+same way however the bytes are chunked and whatever line ends they use, exactly as a
+plain reading of the SSE specification finds them; the byte check for a content event is
+sound against the parsed event, for arbitrary event contents."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from stagelens.instrumentation import _sse
+from stagelens.instrumentation import _openai, _sse
 
 TEXT = st.lists(
     st.sampled_from(
         [
-            *('"', "\\", "{", "}", "[", "]", ":", ",", " ", "\n", "a", "é", "☕"),
-            *('"usage":{', '"choices":[]', '"finish_reason":"', "data: [DONE]"),
+            *('"', "\\", "{", "}", "[", "]", ":", ",", " ", "\n", "a", "é", "☕", ""),
+            *('"content":"', '"content": "', '"text":"', '"usage":{', '"choices":[]'),
+            *("data: [DONE]", "\r\n", "\\u0022", '\\"content\\":\\"', "content", "text"),
         ]
     ),
     max_size=6,
 ).map("".join)
-"""String contents that look like the keys the byte checks search for."""
+"""String contents that look like the keys and framing the byte checks search for."""
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
@@ -28,101 +31,123 @@ JSON = st.recursive(
     max_leaves=8,
 )
 
+KEYS = st.sampled_from(
+    ["content", "text", "reasoning", "tool_calls", "role", "index", '"content', 'a\\"text']
+)
+"""Keys that matter, and keys that end like them after an escaped quote."""
+
 
 @st.composite
-def events(draw: Any) -> dict[str, Any]:
-    """An OpenAI-style chunk: id, model, choices (finish reason null or a string), and
-    maybe usage, with arbitrary strings everywhere."""
-    event: dict[str, Any] = {"id": draw(TEXT), "model": draw(TEXT)}
-    event["choices"] = [
-        {
-            "index": i,
-            "delta": {"content": draw(TEXT)},
-            "finish_reason": draw(st.none() | TEXT.filter(bool)),
-        }
-        for i in range(draw(st.integers(0, 2)))
-    ]
-    if draw(st.booleans()):
-        event["usage"] = draw(
-            st.none()
-            | st.fixed_dictionaries(
-                {"prompt_tokens": st.integers(0, 9), "completion_tokens": st.integers(0, 9)}
-            )
-        )
+def events(draw: Any) -> Any:
+    """OpenAI-style chunks with arbitrary values under the keys that matter, and any JSON."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(JSON)
+    delta = draw(st.dictionaries(KEYS, JSON | TEXT, max_size=3))
+    choice = {"index": draw(st.integers(0, 2)), "delta": delta, "finish_reason": draw(JSON)}
+    event: dict[str, Any] = {"id": draw(TEXT), "choices": [choice] * draw(st.integers(0, 2))}
+    event.update(draw(st.dictionaries(KEYS, JSON, max_size=2)))
     return event
 
 
-def _encode(event: Any, spaced: bool) -> bytes:
+def _encode(value: Any, spaced: bool) -> bytes:
     separators = (", ", ": ") if spaced else (",", ":")
-    return json.dumps(event, separators=separators, ensure_ascii=False).encode()
+    return json.dumps(value, separators=separators, ensure_ascii=False).encode()
 
 
-@settings(max_examples=300)
-@given(events(), st.booleans())
-def test_byte_checks_agree_with_the_parsed_event(event: dict[str, Any], spaced: bool) -> None:
-    """has_usage, has_no_choices and is_final_choice answer what the parsed event says."""
+@settings(max_examples=400, deadline=None)
+@given(events(), st.booleans(), st.sampled_from([b'"content"', b'"text"']))
+def test_the_content_byte_check_is_sound(event: Any, spaced: bool, key: bytes) -> None:
+    """Whenever the byte check says an event carries output, parsing it says so too."""
     payload = _encode(event, spaced)
-    assert _sse.has_usage(payload) is isinstance(event.get("usage"), dict)
-    assert _sse.has_no_choices(payload) is (event["choices"] == [])
-    finishes = any(c["finish_reason"] for c in event["choices"])
-    assert _sse.is_final_choice(payload) is finishes
+    if _sse.output_fast(payload, key):
+        assert _openai.has_output(json.loads(payload))
 
 
-@settings(max_examples=300)
-@given(JSON, st.booleans())
-def test_loads_is_json_loads_for_any_value(value: Any, spaced: bool) -> None:
-    """The one-call path parses any JSON value as json.loads does."""
-    raw = _encode(value, spaced)
-    assert repr(_sse.loads(raw)) == repr(json.loads(raw))
+@settings(deadline=None)
+@given(st.text(alphabet=st.sampled_from("ab ☕"), min_size=1, max_size=4), st.booleans())
+def test_the_content_byte_check_finds_plain_content(text: str, spaced: bool) -> None:
+    """A plain content or text event, as vLLM or ``json.dumps`` writes it, is found."""
+    for key, body in (
+        (b'"content"', {"choices": [{"index": 0, "delta": {"content": text}}]}),
+        (b'"text"', {"choices": [{"index": 0, "text": text}]}),
+    ):
+        assert _sse.output_fast(_encode(body, spaced), key)
+    assert not _sse.output_fast(_encode({"delta": {"content": ""}}, spaced), b'"content"')
 
 
-@given(st.binary(max_size=40))
-def test_loads_fails_as_json_loads_does(raw: bytes) -> None:
-    """Arbitrary bytes give json.loads' value, or the same kind of error."""
-    outcomes = []
-    for parse in (json.loads, _sse.loads):
-        try:
-            outcomes.append(repr(parse(raw)))
-        except ValueError as exc:
-            outcomes.append(type(exc).__name__)
-    assert outcomes[0] == outcomes[1]
+_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
-@given(st.lists(events(), max_size=5), st.data())
-def test_data_lines_are_the_same_however_the_body_is_chunked(
-    stream: list[dict[str, Any]], data: Any
+def _value(line: bytes) -> bytes:
+    """A data line's value: after ``data:``, one leading space removed."""
+    value = line[5:]
+    return value[1:] if value[:1] == b" " else value
+
+
+def _reference(stream: bytes) -> list[bytes | None]:
+    """The events' data of a whole stream, read line by line as the SSE spec says (an
+    unterminated last event is not dispatched)."""
+    found: list[bytes | None] = []
+    lines: list[bytes] = []
+    parts = _LINE_END.split(stream)
+    for line in parts[:-1]:  # the last part has no line end: incomplete
+        if line:
+            lines.append(line)
+            continue
+        if lines:
+            values = [
+                _value(line) for line in lines if line.startswith(b"data:") or line == b"data"
+            ]
+            found.append(b"\n".join(values) if values else None)
+            lines = []
+    return found
+
+
+FRAMING = st.lists(
+    st.sampled_from(
+        [
+            *(b"data: ", b"data:", b"data", b": ping", b"event: x", b"\n", b"\r\n", b"\r"),
+            *(b'{"a":1}', b"[DONE]", b"x", b" ", b"\xff"),
+        ]
+    ),
+    max_size=30,
+).map(b"".join)
+
+
+def _chunked(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c for c in cuts if 0 < c < len(stream)})
+    return [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(FRAMING, st.lists(st.integers(0, 200), max_size=8))
+def test_events_are_found_as_the_spec_reads_them_however_chunked(
+    stream: bytes, cuts: list[int]
 ) -> None:
-    """Splitting a body anywhere gives the same data payloads as reading it whole."""
-    body = b"".join(b"data: " + _encode(e, False) + b"\n\n" for e in stream) + b"data: [DONE]\n\n"
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=8)))
-    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-    buffer, found = bytearray(), []
-    for chunk in chunks:
-        payloads, buffer = _sse.data_lines(buffer, chunk)
-        found += payloads
-    whole, rest = _sse.data_lines(bytearray(), body)
-    assert found == whole
-    assert not buffer
-    assert not rest
-    assert whole[-1] == _sse.DONE
-    assert [json.loads(p) for p in whole[:-1]] == stream
+    """Read chunk by chunk (the incomplete rest carried over), any line ends, the events
+    and their data are those of the whole stream read line by line; their spans tile the
+    bytes read, so nothing is lost or read twice."""
+    found: list[bytes | None] = []
+    rest = b""
+    for chunk in _chunked(stream, cuts):
+        data = rest + chunk
+        events, end = _sse.split_events(data)
+        at = 0
+        for start, stop, payload in events:
+            assert start >= at
+            assert not data[at:start].strip(b"\r\n")  # only blank lines between events
+            found.append(payload)
+            at = stop
+        assert at <= end
+        rest = data[end:]
+    # A final CR waits for a possible LF (a CRLF split across chunks).
+    expected = _reference(stream[:-1] if stream.endswith(b"\r") else stream)
+    assert [p for p in found if p is not None] == [p for p in expected if p is not None]
 
 
-@given(st.lists(events(), min_size=1, max_size=6), st.booleans())
-def test_final_events_find_the_last_usage_of_a_stream(
-    stream: list[dict[str, Any]], spaced: bool
-) -> None:
-    """Read back from the end, the tail gives the last usage object the stream carried,
-    and says the stream ended when a finish reason or a usage-only event is in it."""
-    body = bytearray(
-        b"".join(b"data: " + _encode(e, spaced) + b"\n\n" for e in stream) + b"data: [DONE]\n\n"
-    )
-    ended, payloads = _sse.final_events(body, 0, recording=True)
-    assert ended
-    usages = [e["usage"] for e in stream if isinstance(e.get("usage"), dict)]
-    found = [u for p in payloads if (u := _sse.usage_of(json.loads(p))) is not None]
-    if usages:
-        assert found[-1].input_tokens == usages[-1]["prompt_tokens"]
-        assert found[-1].output_tokens == usages[-1]["completion_tokens"]
-    else:
-        assert not found
+def test_is_done_accepts_only_the_terminator() -> None:
+    """``[DONE]`` with spaces around ends the stream; anything else does not."""
+    assert _sse.is_done(b"[DONE]")
+    assert _sse.is_done(b" [DONE] ")
+    assert not _sse.is_done(b"[DONE]x")
+    assert not _sse.is_done(b'{"note": "[DONE]"}')

@@ -1,0 +1,257 @@
+"""Reading a stream's events as they pass: the hot path of every streamed upstream call.
+
+Each complete event is classified once (``_sse`` finds the events and answers the common
+content event from its bytes; anything else is parsed by ``_openai``):
+
+- an output-bearing event is counted for its choice and marked with the number of bodies
+  the app has sent so far (see ``stagelens.request.InferenceFacts``): the request's first
+  token and its inter-token gaps are read from those marks when it ends, per SSE event,
+  however the network coalesced them;
+- the usage, finish reasons, response id and engine timings are taken, an error event is
+  a failure after the headers, ``[DONE]`` and the usage event end the stream;
+- the usage event stagelens asked for (the app did not) is removed: the app reads every
+  other byte as it came. An incomplete event is held back for the next chunk only then.
+
+Bytes never depend on the reading: whatever an event contains, the app gets the same
+bytes (property-tested with arbitrary bytes and chunkings).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Final
+
+from stagelens.instrumentation import _openai
+from stagelens.instrumentation._sse import Event, is_done, output_fast, split_events
+
+from stagelens import semconv as sc
+from stagelens.pricing import Usage
+from stagelens.request import InferenceFacts
+
+_TAIL_MAX: Final = 48 * 1024
+"""An incomplete event longer than this is not waited for: the stream is passed on
+unread from there (memory stays bounded whatever the upstream sends)."""
+_CONTENT: Final = b'"content"'
+_TEXT: Final = b'"text"'
+
+
+class EventReader:
+    """The per-event state of one streamed call (the base of ``_UpstreamCall``)."""
+
+    __slots__ = (
+        "_asked_usage",
+        "_ended",
+        "_failure",
+        "_finish_reasons",
+        "_first_output_at",
+        "_inference",
+        "_key",
+        "_last_fast",
+        "_last_output_ns",
+        "_marks",
+        "_outputs",
+        "_partial",
+        "_recording",
+        "_response_id",
+        "_sends",
+        "_single_choice",
+        "_strip",
+        "_unread_first",
+        "_usage",
+        "_usage_after",
+    )
+
+    def __init__(
+        self,
+        *,
+        recording: bool,
+        chat: bool,
+        single_choice: bool,
+        sends: list[float] | None,
+        inference: InferenceFacts | None,
+    ) -> None:
+        self._recording = recording
+        self._key = _CONTENT if chat else _TEXT
+        self._single_choice = single_choice
+        self._sends = sends
+        """The app's sends so far (``RequestState.token_times``), or None outside a request."""
+        self._inference = inference
+        self._marks: dict[int, list[int]] = {}
+        """Per choice, the marks of its output-bearing events (see the module docstring)."""
+        self._outputs = 0
+        self._first_output_at: float | None = None
+        self._last_output_ns = 0
+        """Wall clock of the latest output (recorded spans: the engine spans end there)."""
+        self._partial = b""
+        """The incomplete event at the end of what was read (held back when stripping)."""
+        self._asked_usage = False
+        """stagelens added ``stream_options.include_usage`` to the request."""
+        self._strip = False
+        """The usage event is removed from what the app reads (asked for, and answered)."""
+        self._last_fast: bytes | None = None
+        """The latest event read from its bytes alone: its finish reason and running usage
+        are read when the stream ends, if no later event said them."""
+        self._unread_first = recording
+        """A recorded span shows the first event's response id: it is parsed."""
+        self._ended = False
+        """The stream's last event arrived ([DONE], a finish reason or the usage event)."""
+        self._failure: str | None = None
+        """``error.type`` of a failure after the response headers."""
+        self._usage: Usage | None = None
+        self._usage_after: bytes | None = None
+        """``_last_fast`` when ``_usage`` was read: a later content event's running usage
+        (continuous usage stats) is newer than it."""
+        self._finish_reasons: list[str] = []
+        self._response_id: str | None = None
+
+    def read(self, chunk: bytes) -> bytes:
+        """Read one chunk; return the bytes the app reads now."""
+        if (
+            not self._partial
+            and self._single_choice
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk[-1:] == b"\n"
+            and chunk[:5] == b"data:"
+            and not self._unread_first
+        ):
+            # One whole single-line event: the usual chunk. A content event is known from
+            # its bytes; anything else is read like any event.
+            payload = chunk[5:-2]
+            if output_fast(payload, self._key):
+                self._output(0)
+                self._last_fast = payload
+                return chunk
+            if payload[:1] == b" ":
+                payload = payload[1:]
+            return self._read_events([(0, len(chunk), payload)], chunk, chunk, len(chunk))
+        data = self._partial + chunk if self._partial else chunk
+        events, end = split_events(data)
+        self._partial = data[end:]
+        if len(self._partial) > _TAIL_MAX:
+            raise ValueError("an event longer than the bound")  # the caller stops reading
+        return self._read_events(events, data, chunk, end)
+
+    def _read_events(self, events: list[Event], data: bytes, chunk: bytes, end: int) -> bytes:
+        """Read complete events; return what the app reads now."""
+        dropped: list[tuple[int, int]] = []
+        for start, stop, payload in events:
+            if payload is None:
+                continue
+            if self._single_choice and not self._unread_first and output_fast(payload, self._key):
+                self._output(0)
+                self._last_fast = payload
+                continue
+            if is_done(payload):
+                self._ended = True
+                continue
+            facts = self._parse(payload)
+            if facts is None:
+                continue
+            for choice in facts.outputs:
+                self._output(choice)
+            self.take(facts)
+            if self._strip and facts.usage_only:
+                dropped.append((start, stop))
+        if not self._strip:
+            return chunk
+        if not dropped:
+            return chunk if data is chunk and end == len(data) else data[:end]
+        kept, at = [], 0
+        for start, stop in dropped:
+            kept.append(data[at:start])
+            at = stop
+        kept.append(data[at:end])
+        return b"".join(kept)
+
+    def _parse(self, payload: bytes) -> _openai.EventFacts | None:
+        """The facts of an event; None (counted, logged once) when it is not JSON."""
+        self._unread_first = False
+        try:
+            return _openai.read_event(payload)
+        except ValueError as exc:
+            self._report(sc.COMPONENT_UPSTREAM_EVENT, exc)
+            return None
+
+    def _report(self, component: str, exc: BaseException) -> None:
+        """Count a failure to read (``_UpstreamCall`` reports it)."""
+
+    def _output(self, choice: int) -> None:
+        """One output-bearing event of ``choice`` arrived."""
+        self._outputs += 1
+        if self._first_output_at is None:
+            self._first_output_at = time.perf_counter()
+            self.mark_first()
+        if self._recording:
+            self._last_output_ns = time.time_ns()
+        sends = self._sends
+        if sends is not None:
+            marks = self._marks.get(choice)
+            if marks is None:
+                marks = self._marks[choice] = []
+                if self._inference is not None:
+                    self._inference.choices.append(marks)
+            marks.append(len(sends))
+
+    def mark_first(self) -> None:
+        """The request's first output arrived now (the first of any of its calls counts)."""
+        inference, sends = self._inference, self._sends
+        if inference is not None and sends is not None and inference.first_output is None:
+            inference.first_output = len(sends)
+
+    def take(self, facts: _openai.EventFacts) -> None:
+        """Apply an event's facts beyond its output: usage, end of stream, failure, and
+        what only the span shows."""
+        if facts.usage is not None:
+            self._usage = facts.usage
+            self._usage_after = self._last_fast
+            if facts.usage_only:
+                self._ended = True
+        if facts.finish_reasons:
+            self._ended = True
+            if self._recording:
+                self._finish_reasons += facts.finish_reasons
+        if facts.error:
+            self._failure = sc.ERROR_TYPE_UPSTREAM_ERROR_EVENT
+            self._ended = True
+        if self._recording and self._response_id is None:
+            self._response_id = facts.id
+
+    def release(self) -> bytes:
+        """The bytes held back (an incomplete event, when stripping); handed over once."""
+        held = self._partial if self._strip else b""
+        self._partial = b""
+        self._strip = False
+        return held
+
+    def settle(self) -> None:
+        """The stream ended: read what only its end tells (lenient about a last event
+        without its blank line; the latest content event's finish reason and usage)."""
+        partial, self._partial = self._partial, b""
+        if partial.strip():
+            events, _ = split_events(partial + b"\n\n")
+            for _, _, payload in events:
+                if payload is None:
+                    continue
+                if is_done(payload):
+                    self._ended = True
+                elif (facts := _quiet(payload)) is not None:
+                    self.take(facts)  # not output: the app's SSE reader drops it too
+        last = self._last_fast
+        newer = last is not self._usage_after  # came after the event that gave ``_usage``
+        if last is not None and (newer or not self._ended or self._recording):
+            facts = _quiet(last)  # read once: it was never parsed
+            if facts is not None:
+                if facts.usage is not None and (newer or self._usage is None):
+                    self._usage = facts.usage  # a running total (continuous usage stats)
+                if facts.finish_reasons:
+                    self._ended = True
+                    if self._recording:
+                        self._finish_reasons += facts.finish_reasons
+
+
+def _quiet(payload: bytes) -> _openai.EventFacts | None:
+    """An event's facts, or None when it is not JSON (a final partial read leniently)."""
+    try:
+        return _openai.read_event(payload)
+    except ValueError:
+        return None

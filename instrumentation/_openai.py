@@ -1,0 +1,251 @@
+"""Pure reading of OpenAI-compatible JSON: request bodies, answers and stream events.
+
+No I/O and no telemetry: each function takes bytes or a decoded value and returns what it
+found, so that each is property-tested with arbitrary JSON shapes
+(tests/instrumentation/test_openai.py). Nothing here trusts a shape: a field of the wrong
+type reads as absent, never as an exception, because the bytes come from a server we do
+not control.
+
+**Output-bearing.** An event carries generated output when some object in it has a
+``content``, ``text``, ``reasoning_content``, ``reasoning`` or ``refusal`` key with a
+non-empty string, or a non-empty ``tool_calls`` list: a content or completion-text delta, a
+tool-call delta (the first one names the function), reasoning text. A role-only delta
+(``"content": ""``), an empty finish delta, the usage event, an error event and ``[DONE]``
+are not output. ``_sse.output_fast`` answers the common case without parsing.
+"""
+
+from __future__ import annotations
+
+import json
+import json.scanner
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+from stagelens import semconv as sc
+from stagelens.pricing import Usage
+
+_SCAN: Final[Callable[[str, int], tuple[Any, int]]] = json.scanner.make_scanner(
+    json.JSONDecoder()  # type: ignore[arg-type]  # typeshed types the argument as the class
+)
+"""The JSON decoder's own scanner (C when available), as ``json.loads`` uses it."""
+
+
+def loads(raw: bytes) -> Any:
+    """``json.loads(raw)``, in one C call for the usual case (UTF-8, no whitespace around).
+
+    Why: ``json.loads`` spends more time finding the encoding and stepping through its
+    Python layers than parsing a short event; every upstream call parses its request body
+    and its usage event. Anything unusual takes ``json.loads`` itself, same result, same
+    errors.
+    """
+    try:
+        text = raw.decode()
+        value, end = _SCAN(text, 0)
+    except (UnicodeDecodeError, StopIteration):
+        return json.loads(raw)
+    if end != len(text):
+        return json.loads(raw)  # trailing whitespace, or data after the value (refused)
+    return value
+
+
+_TEXT_KEYS: Final = frozenset(("content", "text", "reasoning_content", "reasoning", "refusal"))
+"""Keys whose non-empty string value is generated output."""
+
+
+def has_output(value: Any) -> bool:
+    """Some object in ``value`` carries output (see the module docstring)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if key in _TEXT_KEYS and isinstance(inner, str) and inner:
+                    return True
+                if key == "tool_calls" and isinstance(inner, list) and inner:
+                    return True
+                if isinstance(inner, dict | list):
+                    stack.append(inner)
+        elif isinstance(item, list):
+            stack.extend(inner for inner in item if isinstance(inner, dict | list))
+    return False
+
+
+def _count(value: Any) -> int:
+    """A token count as the server wrote it; anything but a non-negative integer is 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        return int(value)
+    return 0
+
+
+def usage_of(body: Any) -> Usage | None:
+    """The usage an answer (or event) reports; None when it carries none."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    return Usage(
+        input_tokens=_count(usage.get("prompt_tokens")),
+        output_tokens=_count(usage.get("completion_tokens")),
+        cached_input_tokens=_count(cached),
+    )
+
+
+def add_usage(total: Usage | None, more: Usage) -> Usage:
+    """Usage of several upstream calls of one request, summed."""
+    if total is None:
+        return more
+    return Usage(
+        input_tokens=total.input_tokens + more.input_tokens,
+        output_tokens=total.output_tokens + more.output_tokens,
+        cached_input_tokens=total.cached_input_tokens + more.cached_input_tokens,
+    )
+
+
+class EventFacts:
+    """What one parsed event (or a whole answer) says."""
+
+    __slots__ = (
+        "error",
+        "finish_reasons",
+        "id",
+        "metrics",
+        "model",
+        "no_choices",
+        "outputs",
+        "usage",
+    )
+
+    def __init__(self, body: Any) -> None:
+        self.outputs: list[int] = []
+        """Choice indices that carry output in this event (index 0 outside choices)."""
+        self.finish_reasons: list[str] = []
+        self.usage = usage_of(body)
+        self.error = False
+        """An error event (``{"error": ...}`` or ``"object": "error"``)."""
+        self.id: str | None = None
+        self.model: str | None = None
+        self.metrics: dict[str, Any] | None = None
+        self.no_choices = True
+        """No choice in it (vLLM's usage event has ``"choices": []``)."""
+        if not isinstance(body, dict):
+            if has_output(body):  # not an OpenAI event, but output all the same
+                self.outputs.append(0)
+            return
+        rid, model, metrics = body.get("id"), body.get("model"), body.get("metrics")
+        self.id = rid if isinstance(rid, str) else None
+        self.model = model if isinstance(model, str) else None
+        self.metrics = metrics if isinstance(metrics, dict) else None
+        self.error = body.get("error") is not None or body.get("object") == "error"
+        choices = body.get("choices")
+        rest = body
+        if isinstance(choices, list):
+            self.no_choices = not choices
+            rest = {k: v for k, v in body.items() if k != "choices"}
+            for position, choice in enumerate(choices):
+                if not isinstance(choice, dict):
+                    continue
+                reason = choice.get("finish_reason")
+                if isinstance(reason, str) and reason:
+                    self.finish_reasons.append(reason)
+                if has_output(choice):
+                    index = choice.get("index")
+                    if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+                        self.outputs.append(index)
+                    else:
+                        self.outputs.append(position)
+        if not self.outputs and not self.error and has_output(rest):
+            self.outputs.append(0)
+
+    @property
+    def usage_only(self) -> bool:
+        """The usage event that follows the last token: usage and no choice output."""
+        return self.usage is not None and self.no_choices and not self.outputs and not self.error
+
+
+def read_event(payload: bytes) -> EventFacts:
+    """The facts of one event's data. Raises ValueError when it is not JSON."""
+    try:
+        return EventFacts(loads(payload))
+    except RecursionError as exc:  # absurdly nested: not an event we can read
+        raise ValueError("event nested too deeply") from exc
+
+
+def wants_usage(payload: dict[str, Any]) -> bool:
+    """The request asks a stream to end with a usage event itself."""
+    options = payload.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+def with_usage_asked(raw: bytes, payload: dict[str, Any]) -> bytes:
+    """The request body ``raw`` (decoded as ``payload``) asking for the usage event.
+
+    Why spliced when possible: the body the app built reaches the server as it was, with
+    ``"stream_options":{"include_usage":true}`` added after its opening brace; only a body
+    that already has ``stream_options`` is written anew.
+    """
+    if "stream_options" not in payload:
+        at = raw.find(b"{")
+        if at >= 0 and not raw[:at].strip():
+            rest = raw[at + 1 :]
+            comma = b"," if rest.strip() != b"}" else b""
+            return raw[: at + 1] + b'"stream_options":{"include_usage":true}' + comma + rest
+    options = payload.get("stream_options")
+    merged = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps({**payload, "stream_options": merged}, ensure_ascii=False).encode()
+
+
+def prompt_size(payload: dict[str, Any]) -> int:
+    """Input tokens estimated from a request: its prompt's UTF-8 bytes / 4, rounded up (a
+    prompt given as token ids counts them exactly); at least 1. Used only when a stream
+    ended before the server's usage event (``semconv.BILLING_ESTIMATED``)."""
+    prompt = payload.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return len(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return sum(len(p) for p in prompt)
+    size = sum(len(text.encode()) for text in _texts(payload.get("messages", prompt)))
+    return max(1, -(-size // 4))
+
+
+def _texts(value: Any) -> list[str]:
+    """Every string in a prompt or message list (content, parts' text, names)."""
+    found: list[str] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(v for k, v in item.items() if k in ("content", "text", "name"))
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+PHASE_KEYS: Final = (
+    (sc.PHASE_QUEUE, "queue_time_ms"),
+    (sc.PHASE_PREFILL, "time_to_first_token_ms"),
+    (sc.PHASE_DECODE, "generation_time_ms"),
+)
+"""The engine phases and the per-request metric of vLLM's response that times each."""
+_NUMBER: Final = (int, float)
+"""What a timing in vLLM's per-request metrics may be (a tuple: ``int | float`` would be
+built anew on every check)."""
+
+
+def phases_of(engine: dict[str, Any] | None) -> list[tuple[str, float]]:
+    """(phase, seconds) from vLLM's per-request metrics (``--enable-per-request-metrics``)."""
+    if not engine:
+        return []
+    out = []
+    for phase, key in PHASE_KEYS:
+        value = engine.get(key)
+        if isinstance(value, bool) or not isinstance(value, _NUMBER):
+            continue
+        if math.isfinite(value) and value >= 0:
+            out.append((phase, value / 1000.0))
+    return out

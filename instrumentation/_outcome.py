@@ -1,0 +1,100 @@
+"""A finished request's readings, worked out once at its end from what was recorded on the
+way: inter-token gaps, the service level indicators it counts for, and how it was metered.
+
+Pure functions of the request's facts (no I/O, no telemetry): the middleware calls them
+in ``_finish`` and records their results; tests call them directly.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import islice
+from operator import sub
+
+from stagelens import semconv as sc
+from stagelens.request import InferenceFacts, RequestState
+
+
+def inter_token_gaps(sends: list[float], inference: InferenceFacts) -> list[float]:
+    """The gaps between consecutive output-bearing events of each choice, in seconds.
+
+    Each event is timed by the first body the app sent after it arrived (its mark), so a
+    gap is what the client was sent: events coalesced into one read, or into one body the
+    app wrote, give a gap of 0 each, and every choice of ``n > 1`` has its own gaps (a
+    choice's ``k`` output events give ``k - 1`` samples). Events that arrived after the last
+    body was sent (the client left) give none.
+    """
+    gaps: list[float] = []
+    sent = len(sends)
+    at = sends.__getitem__
+    for marks in inference.choices:
+        count = bisect_left(marks, sent)  # marks only grow: those past the end are last
+        if count < 2:
+            continue
+        times = list(map(at, islice(marks, count)))  # in C
+        gaps += map(sub, islice(times, 1, None), times)
+    return gaps
+
+
+def failed_after_headers(state: RequestState, code: int, client_gone: bool) -> str | None:
+    """``error.type`` when the request was answered with a success status but its latest
+    upstream call failed (died mid-stream, sent an error event, ended before its last
+    event, or was refused with a 5xx the app did not pass on); None otherwise."""
+    inference = state.inference
+    if inference is None or inference.failure is None or code >= 400 or client_gone:
+        return None
+    return inference.failure
+
+
+def sli_verdicts(
+    *,
+    streamed: bool,
+    code: int,
+    server_failed: bool,
+    client_gone: bool,
+    ttft: float | None,
+    waited: float,
+    gaps: list[float],
+    ttft_threshold: float,
+    itl_threshold: float,
+) -> tuple[tuple[str, bool], ...]:
+    """(sli, bad) for each SLI that counts the request (``semconv.SLI_*`` say which).
+
+    ``server_failed``: answered 5xx, or failed after its 200 headers. ``waited``: seconds
+    from receipt to the request's end (for a client gone before its first token).
+    """
+    verdicts: list[tuple[str, bool]] = []
+    if not client_gone:
+        verdicts.append((sc.SLI_AVAILABILITY, server_failed))
+    if not streamed or 400 <= code < 500:
+        return tuple(verdicts)
+    if ttft is not None:
+        ttft_bad = ttft > ttft_threshold
+    elif client_gone:
+        if waited <= ttft_threshold:
+            return tuple(verdicts)  # left before the objective was missed: not counted
+        ttft_bad = True
+    elif server_failed:
+        ttft_bad = True  # no first token because the request failed
+    else:
+        return tuple(verdicts)  # an answer without output: no first token to judge
+    verdicts.append((sc.SLI_TTFT, ttft_bad))
+    itl_bad = False
+    if gaps:  # at least two output-bearing events
+        itl_bad = server_failed or sum(gaps) / len(gaps) > itl_threshold
+        verdicts.append((sc.SLI_ITL, itl_bad))
+    verdicts.append((sc.SLI_GOODPUT, ttft_bad or itl_bad))
+    return tuple(verdicts)
+
+
+def billing_gap(state: RequestState) -> str | None:
+    """``billing`` label value when the server's usage was missing for some call of the
+    request and the app gave none itself (``record_usage``); None when it was metered."""
+    inference = state.inference
+    if inference is None or state.usage is not None:
+        return None
+    if inference.estimated:
+        return sc.BILLING_ESTIMATED
+    if inference.unbilled:
+        return sc.BILLING_UNBILLED
+    return None

@@ -1,0 +1,190 @@
+"""OpenAI-compatible JSON (``stagelens.instrumentation._openai``), property-tested: any
+JSON value reads without raising (a field of the wrong type reads as absent), output is
+found wherever the module says it is, the request body asking for usage keeps everything
+else the app sent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stagelens.instrumentation import _openai
+
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=5)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["choices", "usage", "delta", "content", "index", "error", "x"])
+            | st.text(max_size=4),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_any_json_value_reads_without_raising(body: Any) -> None:
+    """Arrays, ``choices: [null]``, usage fields of the wrong type: facts, never errors."""
+    facts = _openai.EventFacts(body)
+    assert all(isinstance(i, int) and i >= 0 for i in facts.outputs)
+    if facts.usage is not None:
+        usage = facts.usage
+        assert min(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens) >= 0
+    _openai.phases_of(body if isinstance(body, dict) else None)
+
+
+@pytest.mark.parametrize(
+    ("body", "outputs", "usage_only", "error"),
+    [
+        ({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, [], 0, 0),
+        ({"choices": [{"index": 1, "delta": {"content": "hi"}}]}, [1], 0, 0),
+        ({"choices": [{"index": 0, "delta": {"content": None, "tool_calls": [{}]}}]}, [0], 0, 0),
+        ({"choices": [{"index": 0, "delta": {"reasoning": "hmm"}}]}, [0], 0, 0),
+        ({"choices": [{"index": 0, "text": " x"}]}, [0], 0, 0),
+        ({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, [], 0, 0),
+        ({"choices": [], "usage": {"prompt_tokens": 3}}, [], 1, 0),
+        ({"usage": {"prompt_tokens": 3}}, [], 1, 0),
+        ({"error": {"message": "boom", "type": "InternalServerError"}}, [], 0, 1),
+        ({"object": "error", "message": "boom"}, [], 0, 1),
+        ({"choices": [None, 3, "x"]}, [], 0, 0),
+        ([{"content": "x"}], [0], 0, 0),
+    ],
+    ids=[
+        "role-only",
+        "content",
+        "tool-call",
+        "reasoning",
+        "completion-text",
+        "empty-finish",
+        "usage-event",
+        "usage-without-choices",
+        "error-event",
+        "error-object",
+        "choices-of-junk",
+        "array",
+    ],
+)
+def test_what_an_event_says(body: Any, outputs: list[int], usage_only: int, error: int) -> None:
+    """The shapes vLLM and OpenAI send (and junk) read as the module docstring defines."""
+    facts = _openai.EventFacts(body)
+    assert facts.outputs == outputs
+    assert facts.usage_only is bool(usage_only)
+    assert facts.error is bool(error)
+
+
+@settings(deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["prompt_tokens", "completion_tokens", "prompt_tokens_details"]),
+        SCALARS | st.dictionaries(st.just("cached_tokens"), SCALARS),
+    )
+)
+def test_usage_counts_are_non_negative_integers(usage: dict[str, Any]) -> None:
+    """Counts of the wrong type (strings, floats, booleans, negatives) read as 0."""
+    found = _openai.usage_of({"usage": usage})
+    assert found is not None
+    for count in (found.input_tokens, found.output_tokens, found.cached_input_tokens):
+        assert isinstance(count, int)
+        assert count >= 0
+    if isinstance(usage.get("prompt_tokens"), int) and not isinstance(usage["prompt_tokens"], bool):
+        assert found.input_tokens == max(usage["prompt_tokens"], 0)
+
+
+BODIES = st.fixed_dictionaries(
+    {"model": st.text(max_size=4), "stream": st.just(True)},
+    optional={
+        "messages": st.lists(st.fixed_dictionaries({"content": st.text(max_size=5)})),
+        "stream_options": st.none()
+        | st.fixed_dictionaries({}, optional={"include_usage": st.booleans(), "x": st.integers()}),
+        "n": st.integers(1, 3),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(BODIES, st.sampled_from([(",", ":"), (", ", ": ")]), st.sampled_from(["", " ", "\n"]))
+def test_asking_for_usage_keeps_the_rest_of_the_body(
+    payload: dict[str, Any], separators: tuple[str, str], pad: str
+) -> None:
+    """The rewritten body asks for the usage event and keeps every other field (and any
+    other stream option) as the app sent them."""
+    raw = (pad + json.dumps(payload, separators=separators, ensure_ascii=False) + pad).encode()
+    asked = json.loads(_openai.with_usage_asked(raw, payload))
+    assert asked["stream_options"]["include_usage"] is True
+    assert _openai.wants_usage(asked)
+    options = payload.get("stream_options")
+    for key, value in (options if isinstance(options, dict) else {}).items():
+        if key != "include_usage":
+            assert asked["stream_options"][key] == value
+    assert {k: v for k, v in asked.items() if k != "stream_options"} == {
+        k: v for k, v in payload.items() if k != "stream_options"
+    }
+
+
+def test_the_usage_option_is_spliced_into_the_apps_bytes() -> None:
+    """Without stream options, the app's bytes reach the server with one field added."""
+    raw = b'{"model": "tiny", "stream": true}'
+    assert _openai.with_usage_asked(raw, json.loads(raw)) == (
+        b'{"stream_options":{"include_usage":true},"model": "tiny", "stream": true}'
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "tokens"),
+    [
+        ({"messages": [{"role": "user", "content": "12345678"}]}, 2),
+        ({"messages": [{"content": [{"type": "text", "text": "1234"}]}]}, 1),
+        ({"prompt": "123456789"}, 3),
+        ({"prompt": [1, 2, 3, 4, 5]}, 5),
+        ({"prompt": [[1, 2], [3]]}, 3),
+        ({}, 1),
+    ],
+    ids=["chat", "parts", "text", "token-ids", "token-id-lists", "empty"],
+)
+def test_prompt_size_estimate(payload: dict[str, Any], tokens: int) -> None:
+    """Prompt text is counted as UTF-8 bytes / 4 rounded up; token ids exactly."""
+    assert _openai.prompt_size(payload) == tokens
+
+
+@settings(deadline=None)
+@given(JSON)
+def test_prompt_size_never_raises(payload: Any) -> None:
+    """Any request body gives an estimate of at least one token."""
+    if isinstance(payload, dict):
+        assert _openai.prompt_size(payload) >= 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(JSON, st.booleans())
+def test_loads_is_json_loads_for_any_value(value: Any, spaced: bool) -> None:
+    """The one-call path parses any JSON value as json.loads does."""
+    separators = (", ", ": ") if spaced else (",", ":")
+    raw = json.dumps(value, separators=separators).encode()
+    assert repr(_openai.loads(raw)) == repr(json.loads(raw))
+
+
+@settings(deadline=None)
+@given(st.binary(max_size=40))
+def test_loads_fails_as_json_loads_does(raw: bytes) -> None:
+    """Arbitrary bytes give json.loads' value, or the same kind of error."""
+    outcomes = []
+    for parse in (json.loads, _openai.loads):
+        try:
+            outcomes.append(repr(parse(raw)))
+        except ValueError as exc:
+            outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1]

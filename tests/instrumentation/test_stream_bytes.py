@@ -1,0 +1,250 @@
+"""Never break the stream: whatever bytes the upstream sends, however they are chunked,
+the app reads exactly the bytes it would read without stagelens, apart from the usage
+event stagelens asked for (property-tested with arbitrary bytes, JSON shapes and
+chunkings, at the call and through httpx's transports, sync and async). A reading that
+fails is counted and logged once, by type, never with the event's text."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from stagelens.instrumentation import _openai
+from stagelens.instrumentation._upstream import _UpstreamCall
+
+from stagelens import instrument_httpx_client
+from stagelens import semconv as sc
+from stagelens.testing import capture_telemetry
+
+SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=4)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=2)
+        | st.dictionaries(st.sampled_from(["choices", "usage", "delta", "content"]), inner)
+    ),
+    max_leaves=6,
+)
+USAGE = {"prompt_tokens": 3, "completion_tokens": 2}
+EVENT_JSON = st.one_of(
+    st.builds(lambda t: {"choices": [{"index": 0, "delta": {"content": t}}]}, st.text(max_size=3)),
+    st.just({"choices": [], "usage": USAGE}),
+    st.just({"usage": USAGE}),
+    st.just({"error": {"message": "secret prompt text", "type": "X"}}),
+    st.just({"choices": [None]}),
+    JSON,
+)
+LINE_ENDS = st.sampled_from(["\n", "\r\n", "\r"])
+
+
+@st.composite
+def streams(draw: Any) -> bytes:
+    """An SSE body: well-formed events of any JSON shape, [DONE], comments, not-JSON
+    data, raw bytes, any line ends, maybe cut anywhere."""
+    parts = []
+    for _ in range(draw(st.integers(0, 8))):
+        end = draw(LINE_ENDS)
+        kind = draw(st.integers(0, 5))
+        if kind <= 2:
+            value = json.dumps(
+                draw(EVENT_JSON), separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+            )
+            parts.append(f"data: {value}{end}{end}".encode())
+        elif kind == 3:
+            parts.append(
+                draw(st.sampled_from([b"data: [DONE]", b": ping", b"data: {not json"]))
+                + (end * 2).encode()
+            )
+        elif kind == 4:
+            parts.append(draw(st.binary(max_size=12)))
+        else:
+            parts.append(f"data: {json.dumps({'choices': [], 'usage': USAGE})}".encode())
+    return b"".join(parts)
+
+
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _usage_events_removed(stream: bytes) -> bytes:
+    """``stream`` without its complete usage-only events (a reference reading, line by
+    line as the SSE spec says; the event that ends with the stream's final CR counts as
+    incomplete, as a CRLF may still follow)."""
+    spans: list[tuple[int, int]] = []
+    start, lines = 0, []
+    at = 0
+    for end in _LINE_END.finditer(stream):
+        line = stream[at : end.start()]
+        at = end.end()
+        if line:
+            lines.append(line)
+            continue
+        final_cr = end.group() == b"\r" and end.end() == len(stream)
+        if lines and not final_cr:
+            data = [
+                ln[5:][1:] if ln[5:6] == b" " else ln[5:] for ln in lines if ln.startswith(b"data:")
+            ]
+            if data and _is_usage_only(b"\n".join(data)):
+                spans.append((start, at))
+        lines = []
+        start = at
+    kept, position = [], 0
+    for a, b in spans:
+        kept.append(stream[position:a])
+        position = b
+    kept.append(stream[position:])
+    return b"".join(kept)
+
+
+def _is_usage_only(payload: bytes) -> bool:
+    """The usage event: a JSON object with a usage object, no choice (``choices`` absent,
+    empty or not a list), not an error, no output anywhere."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return False
+    if not isinstance(body, dict) or not isinstance(body.get("usage"), dict):
+        return False
+    choices = body.get("choices")
+    if isinstance(choices, list) and choices:
+        return False
+    if body.get("error") is not None or body.get("object") == "error":
+        return False
+    return not _openai.has_output(body)
+
+
+def _chunked(stream: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c for c in cuts if 0 < c < len(stream)})
+    return [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+
+def _read_through_a_call(chunks: list[bytes], *, asked: bool, n: int | None = None) -> bytes:
+    with capture_telemetry() as cap:
+        payload: dict[str, Any] = {"model": "tiny", "stream": True}
+        if not asked:
+            payload["stream_options"] = {"include_usage": True}  # the app asked itself
+        if n is not None:
+            payload["n"] = n
+        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+        call = _UpstreamCall(cap.telemetry, None, payload, "chat", request)
+        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+        out = b"".join(call.on_chunk(chunk) for chunk in chunks) + call.flush()
+        call.finish()
+    return out
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    streams(), st.lists(st.integers(0, 300), max_size=10), st.booleans(), st.sampled_from([None, 2])
+)
+def test_the_app_reads_every_byte_but_the_usage_event_stagelens_asked_for(
+    stream: bytes, cuts: list[int], asked: bool, n: int | None
+) -> None:
+    """Any bytes, any chunking: the app reads the stream byte for byte, less the usage
+    events when (and only when) stagelens asked for them."""
+    out = _read_through_a_call(_chunked(stream, cuts), asked=asked, n=n)
+    assert out == (_usage_events_removed(stream) if asked else stream)
+
+
+def _chunks_for(stream: bytes) -> list[bytes]:
+    return _chunked(stream, list(range(7, len(stream), 11)))
+
+
+class _Body(httpx.AsyncByteStream, httpx.SyncByteStream):
+    """The upstream's body, chunk by chunk."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self._chunks:
+            yield chunk
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+
+
+def _upstream(chunks: list[bytes]) -> httpx.MockTransport:
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=_Body(chunks))
+
+    return httpx.MockTransport(answer)
+
+
+STREAM = (
+    b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    b": keep-alive\r\n\r\n"
+    b"data: {broken\n\n"
+    b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    b"data: [DONE]\n\n"
+)
+
+
+@pytest.mark.anyio
+class TestAsyncTransport:
+    """Through an instrumented ``httpx.AsyncClient``."""
+
+    @pytest.mark.parametrize("asked", [True, False], ids=["stagelens-asked", "app-asked"])
+    async def test_the_app_reads_the_stream_through_the_client(self, asked: bool) -> None:
+        """The bytes the app reads through the client are the stream's, less the usage
+        event only when stagelens asked for it; the span still has the usage."""
+        with capture_telemetry() as cap:
+            client = httpx.AsyncClient(transport=_upstream(_chunks_for(STREAM)))
+            instrument_httpx_client(client, telemetry=cap.telemetry)
+            body: dict[str, Any] = {"model": "tiny", "stream": True}
+            if not asked:
+                body["stream_options"] = {"include_usage": True}
+            async with (
+                client,
+                client.stream("POST", "http://up/v1/chat/completions", json=body) as r,
+            ):
+                seen = b"".join([chunk async for chunk in r.aiter_raw()])
+            assert seen == (_usage_events_removed(STREAM) if asked else STREAM)
+            assert cap.span("chat tiny").attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 3
+
+
+class TestSyncTransport:
+    """Through an instrumented ``httpx.Client``."""
+
+    @pytest.mark.parametrize("asked", [True, False], ids=["stagelens-asked", "app-asked"])
+    def test_the_app_reads_the_stream_through_the_client(self, asked: bool) -> None:
+        """The sync client reads the same bytes as the async one."""
+        with capture_telemetry() as cap:
+            client = httpx.Client(transport=_upstream(_chunks_for(STREAM)))
+            instrument_httpx_client(client, telemetry=cap.telemetry)
+            body: dict[str, Any] = {"model": "tiny", "stream": True}
+            if not asked:
+                body["stream_options"] = {"include_usage": True}
+            with client, client.stream("POST", "http://up/v1/chat/completions", json=body) as r:
+                seen = b"".join(r.iter_raw())
+            assert seen == (_usage_events_removed(STREAM) if asked else STREAM)
+            assert cap.span("chat tiny").attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 1
+
+
+def test_unreadable_events_are_counted_and_logged_once_without_their_text(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Events that are not JSON pass unchanged, are counted each time and logged once,
+    by the exception's type: never with the event's text."""
+    secret = b"data: {secret prompt text\n\n"
+    with capture_telemetry() as cap, caplog.at_level(logging.WARNING, "stagelens"):
+        payload = {"model": "tiny", "stream": True}
+        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+        call = _UpstreamCall(cap.telemetry, None, payload, "chat", request)
+        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+        for _ in range(3):
+            assert call.on_chunk(secret) == secret
+        call.finish()
+        assert cap.value(sc.TELEMETRY_ERRORS, component=sc.COMPONENT_UPSTREAM_EVENT) == 3
+    logged = [r.getMessage() for r in caplog.records if "upstream_event" in r.getMessage()]
+    assert len(logged) == 1
+    assert "secret" not in logged[0]
+    assert "JSONDecodeError" in logged[0]
