@@ -322,7 +322,10 @@ class _RequestTracker:
         if failure is not None and state.rejected_by is None:
             state.reject(Stage.INFERENCE)  # the stage that failed, under a 200
         inference = state.inference
-        served = code < 400 and failure is None and (inference is None or inference.ok)
+        # A name is served once an upstream call for it was answered (a backend dying
+        # mid-stream does not make a real model a made-up one; an app answering 200
+        # around a refusal does not make a made-up name served).
+        served = code < 400 and (inference is None or inference.ok)
         model = telemetry.models.label(state.model_label, served=served)
         code_label = _CODE_LABELS.get(code) or str(code)
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,

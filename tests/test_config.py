@@ -36,3 +36,17 @@ def test_env_flag_unset_is_the_default(monkeypatch) -> None:
     monkeypatch.delenv("STAGELENS_TEST_FLAG", raising=False)
     assert env_flag("STAGELENS_TEST_FLAG", False) is False
     assert env_flag("STAGELENS_TEST_FLAG") is None
+
+
+def test_the_itl_threshold_must_be_an_itl_bucket_boundary() -> None:
+    """The ITL SLO threshold defaults to 100 ms and is refused when no ITL bucket ends
+    there (the histogram could not be read against it)."""
+    from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
+    from stagelens.config import load_settings
+    from stagelens.errors import ConfigurationError
+
+    assert load_settings().itl_slo_threshold_seconds == 0.1
+    assert load_settings(itl_slo_threshold_seconds=0.05).itl_slo_threshold_seconds == 0.05
+    assert 0.11 not in INTER_TOKEN_LATENCY_BUCKETS
+    with pytest.raises(ConfigurationError, match="itl_slo_threshold_seconds"):
+        load_settings(itl_slo_threshold_seconds=0.11)

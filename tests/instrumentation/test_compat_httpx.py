@@ -187,3 +187,13 @@ def test_the_default_transports_stream_type_is_found() -> None:
         pass
 
     assert _compat.httpcore_stream(Other()) is None
+
+
+def test_a_built_requests_body_is_replaced_everywhere_httpx_reads_it() -> None:
+    """What is sent, what ``request.content`` returns and ``Content-Length`` agree."""
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json={"a": 1})
+    _compat.set_request_body(request, b'{"a":1,"b":2}')
+    assert request.content == b'{"a":1,"b":2}'
+    assert isinstance(request.stream, httpx.ByteStream)
+    assert b"".join(request.stream) == b'{"a":1,"b":2}'
+    assert request.headers["Content-Length"] == "13"

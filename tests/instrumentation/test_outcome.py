@@ -1,0 +1,107 @@
+"""A finished request's SLI verdicts, inter-token gaps and billing gap
+(``stagelens.instrumentation._outcome``), case by case against the interface agreed with
+the alert rules: which requests each SLI counts, and which are bad."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from stagelens.instrumentation import _outcome
+
+from stagelens import semconv as sc
+from stagelens.request import InferenceFacts
+
+AV, TT, IT, GP = sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT
+OK_GAPS = [0.02, 0.03]
+SLOW_GAPS = [0.2, 0.3]
+
+
+def _verdicts(**given: Any) -> dict[str, bool]:
+    request: dict[str, Any] = {
+        "streamed": True,
+        "code": 200,
+        "server_failed": False,
+        "client_gone": False,
+        "ttft": 0.1,
+        "waited": 1.0,
+        "gaps": OK_GAPS,
+        "ttft_threshold": 0.5,
+        "itl_threshold": 0.1,
+    }
+    request.update(given)
+    return dict(_outcome.sli_verdicts(**request))
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, {AV: False, TT: False, IT: False, GP: False}),
+        ({"ttft": 0.6}, {AV: False, TT: True, IT: False, GP: True}),
+        ({"ttft": 0.5}, {AV: False, TT: False, IT: False, GP: False}),  # at the threshold: good
+        ({"gaps": SLOW_GAPS}, {AV: False, TT: False, IT: True, GP: True}),
+        ({"gaps": [0.05]}, {AV: False, TT: False, IT: False, GP: False}),
+        ({"gaps": []}, {AV: False, TT: False, GP: False}),  # one event: ITL counts as met
+        ({"streamed": False, "gaps": []}, {AV: False}),
+        ({"code": 429, "ttft": None, "gaps": []}, {AV: False}),  # the client's fault: good
+        (
+            {"code": 503, "server_failed": True, "ttft": None, "gaps": []},
+            {AV: True, TT: True, GP: True},
+        ),
+        ({"server_failed": True, "gaps": []}, {AV: True, TT: False, GP: False}),  # after 1st token
+        ({"server_failed": True}, {AV: True, TT: False, IT: True, GP: True}),
+        ({"client_gone": True, "ttft": None, "waited": 0.2, "gaps": []}, {}),
+        ({"client_gone": True, "ttft": None, "waited": 0.9, "gaps": []}, {TT: True, GP: True}),
+        ({"client_gone": True, "gaps": OK_GAPS}, {TT: False, IT: False, GP: False}),
+        ({"ttft": None, "gaps": []}, {AV: False}),  # an answer with no output at all
+    ],
+    ids=[
+        "good",
+        "slow-first-token",
+        "first-token-at-threshold",
+        "slow-tokens",
+        "one-gap-fast",
+        "one-output-event",
+        "not-streamed",
+        "rate-limited",
+        "unavailable",
+        "failed-after-first-token-one-event",
+        "failed-after-first-token",
+        "client-gone-early",
+        "client-gone-after-waiting",
+        "client-gone-mid-stream",
+        "answer-without-output",
+    ],
+)
+def test_sli_verdicts(given: dict[str, Any], expected: dict[str, bool]) -> None:
+    """Each SLI counts the requests the interface says, bad as it says."""
+    assert _verdicts(**given) == expected
+
+
+def test_gaps_are_per_choice_and_per_event() -> None:
+    """Marks point at the bodies sent after each event: events of one read share a body
+    (gap 0), each choice has its own gaps, events after the last body give none."""
+    sends = [1.0, 1.5, 2.0, 2.25]
+    facts = InferenceFacts()
+    facts.choices = [[0, 0, 1, 3, 4], [1, 2]]  # choice 0's last event came after the sends
+    gaps = _outcome.inter_token_gaps(sends, facts)
+    assert gaps == [0.0, 0.5, 0.75, 0.5]
+
+
+def test_billing_gap_is_said_unless_the_app_metered() -> None:
+    """An estimate or an unbilled call is said, unless the app recorded usage itself."""
+    from stagelens.pricing import Usage
+    from stagelens.request import RequestState
+    from stagelens.testing import capture_telemetry
+
+    with capture_telemetry() as cap:
+        state = RequestState(cap.telemetry, cap.telemetry.tracer.start_span("r"))
+        assert _outcome.billing_gap(state) is None
+        state.inference = InferenceFacts()
+        assert _outcome.billing_gap(state) is None
+        state.inference.unbilled = True
+        assert _outcome.billing_gap(state) == sc.BILLING_UNBILLED
+        state.inference.estimated = True
+        assert _outcome.billing_gap(state) == sc.BILLING_ESTIMATED
+        state.usage = Usage(input_tokens=1)
+        assert _outcome.billing_gap(state) is None

@@ -1,0 +1,312 @@
+"""Issue 15's observations, each against an ordinary proxy instrumented with stagelens and a
+scripted upstream on a real socket: TTFT at the first output-bearing event, ITL per SSE
+event and per choice, a failure after the headers counted as one, billing gaps filled and
+said, the model label kept from made-up names, and no TTFT for requests that are not
+completions. Each fails on the code before issue 15."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from opentelemetry.trace import StatusCode
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from stagelens import instrument_app, instrument_httpx_client
+from stagelens import semconv as sc
+from stagelens.testing import TelemetryCapture
+
+pytestmark = pytest.mark.anyio
+
+ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+USAGE = {"prompt_tokens": 7, "completion_tokens": 3}
+
+
+def content(text: str, index: int = 0, **extra: Any) -> dict[str, Any]:
+    return {"id": "c1", "choices": [{"index": index, "delta": {"content": text}, **extra}]}
+
+
+def event(body: Any) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _scripted() -> Starlette:
+    """Answers ``x_script``: a list of [seconds to wait, text to send]; then the usage
+    event when ``stream_options.include_usage`` asks (as vLLM; not with ``x_no_usage``, as
+    vLLM after an error event), and ``[DONE]``; with
+    ``x_die`` it drops the connection instead of ending. ``x_status`` answers that status
+    with an error body instead."""
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        if body.get("x_status"):
+            error = {"error": {"message": "nope", "type": "X", "code": body["x_status"]}}
+            return JSONResponse(error, status_code=int(body["x_status"]))
+
+        async def events() -> AsyncIterator[bytes]:
+            for wait, text in body.get("x_script", []):
+                if wait:
+                    await asyncio.sleep(wait)
+                yield text.encode()
+            if body.get("x_die"):
+                raise RuntimeError("engine died")
+            wants = (body.get("stream_options") or {}).get("include_usage")
+            if wants and not body.get("x_no_usage"):
+                yield event({"id": "c1", "choices": [], "usage": USAGE}).encode()
+            yield b"data: [DONE]\n\n"
+
+        if not body.get("stream"):
+            return JSONResponse(
+                {"id": "c1", "choices": [{"message": {"content": "hi"}}], "usage": USAGE}
+            )
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@pytest.fixture(scope="module")
+def scripted_url(port_factory: Any) -> Iterator[str]:
+    """The scripted upstream on a loopback port, for this module."""
+    port = port_factory()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _scripted(), host="127.0.0.1", port=port, log_level="critical", lifespan="off"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def _proxy(cap: TelemetryCapture, url: str, *, calls: int = 1) -> FastAPI:
+    """An ordinary relay (the app never looks at the events), ``calls`` upstream calls in
+    a row per request, and a route that is no completion."""
+    client = httpx.AsyncClient(base_url=url, timeout=10)
+    instrument_httpx_client(client, telemetry=cap.telemetry)
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        for _ in range(calls - 1):
+            await client.post("/v1/chat/completions", json={**body, "stream": False})
+        if not body.get("stream"):
+            answer = await client.post("/v1/chat/completions", json=body)
+            return JSONResponse(answer.json(), status_code=answer.status_code)
+        upstream = await client.send(
+            client.build_request("POST", "/v1/chat/completions", json=body), stream=True
+        )
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream")  # 200, whatever came
+
+    @app.get("/v1/usage")
+    async def usage() -> dict[str, int]:
+        return {"requests": 1}
+
+    instrument_app(app, telemetry=cap.telemetry)
+    return app
+
+
+async def _post(app: FastAPI, body: dict[str, Any]) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        return await client.post("/v1/chat/completions", json={"model": "tiny", **body})
+
+
+def _ttft(cap: TelemetryCapture) -> float:
+    total = cap.value(sc.TIME_TO_FIRST_TOKEN + "_sum", model="tiny")
+    assert cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny") == 1
+    assert total is not None
+    return total
+
+
+def _itl(cap: TelemetryCapture) -> tuple[float, float]:
+    count = cap.value(sc.INTER_TOKEN_LATENCY + "_count", model="tiny") or 0.0
+    return count, cap.value(sc.INTER_TOKEN_LATENCY + "_sum", model="tiny") or 0.0
+
+
+class TestFirstToken:
+    """TTFT is taken at the first body carrying generated output."""
+
+    async def test_role_chunk_comment_and_error_free_events_are_no_first_token(
+        self, cap, scripted_url
+    ) -> None:
+        """A role-only chunk and a keep-alive come first; the first content 80 ms later is
+        the first token, and the wait is no inter-token gap."""
+        script = [[0, event(ROLE)], [0, ": keep-alive\n\n"], [0.08, event(content("a"))]]
+        script += [[0.01, event(content("b"))], [0.01, event(content("c", finish_reason="length"))]]
+        r = await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        assert r.status_code == 200
+        assert _ttft(cap) >= 0.08
+        count, total = _itl(cap)
+        assert count == 2  # three content events
+        assert total < 0.08
+
+    async def test_a_tool_call_delta_is_a_first_token(self, cap, scripted_url) -> None:
+        """The first tool-call delta (``content: null``) is output, 50 ms after the role."""
+        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f"}}
+        tool = {"choices": [{"index": 0, "delta": {"content": None, "tool_calls": [call]}}]}
+        script = [[0, event(ROLE)], [0.05, event(tool)]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        assert _ttft(cap) >= 0.05
+
+    async def test_requests_that_are_no_completion_record_no_ttft(self, cap, scripted_url) -> None:
+        """``GET /v1/usage`` answers 200 with a body, and records no TTFT sample."""
+        transport = httpx.ASGITransport(app=_proxy(cap, scripted_url))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            assert (await client.get("/v1/usage")).status_code == 200
+        samples = [
+            s for m in cap.registry.collect() if m.name == sc.TIME_TO_FIRST_TOKEN for s in m.samples
+        ]
+        assert not [s for s in samples if s.name.endswith("_count") and s.value]
+
+
+class TestInterTokenLatency:
+    """ITL is per SSE event and per choice."""
+
+    async def test_events_coalesced_in_one_read_are_each_a_token(self, cap, scripted_url) -> None:
+        """Four events in one read and one more later: four gaps, three of them 0."""
+        together = "".join(event(content(t)) for t in "abcd")
+        script = [[0, together], [0.03, event(content("e", finish_reason="stop"))]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        count, total = _itl(cap)
+        assert count == 4
+        assert 0.03 <= total < 0.1
+
+    async def test_each_choice_has_its_own_gaps(self, cap, scripted_url) -> None:
+        """n=2, events interleaved 20 ms apart: each choice's gaps are 40 ms, never the
+        ~0 between one choice's event and the other's."""
+        script = [[0, event(content("a", 0))], [0, event(content("b", 1))]]
+        for _ in range(2):
+            script += [[0.04, event(content("x", 0))], [0, event(content("y", 1))]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "n": 2, "x_script": script})
+        count, total = _itl(cap)
+        assert count == 4  # 3 events per choice: 2 gaps each
+        assert total / count >= 0.035
+
+
+class TestFailureAfterHeaders:
+    """A stream that fails after its 200 is a failure wherever failures are counted."""
+
+    @pytest.mark.parametrize("how", ["backend-dies", "error-event"])
+    async def test_the_failure_is_counted_as_one(self, cap, scripted_url, how: str) -> None:
+        """Root and inference spans in error with error.type, a rejection at inference
+        under code 200, the availability SLI bad, tokens billed as estimated."""
+        script = [[0, event(ROLE)], [0, event(content("a"))], [0, event(content("b"))]]
+        knobs: dict[str, Any] = {"stream": True, "x_script": script}
+        if how == "backend-dies":
+            knobs["x_die"] = True
+        else:
+            script.append([0, event({"error": {"message": "engine gone", "type": "Internal"}})])
+            knobs["x_no_usage"] = True
+        r = await _post(_proxy(cap, scripted_url), knobs)
+        assert r.status_code == 200
+        root = cap.span("POST /v1/chat/completions")
+        inference = cap.span("chat tiny")
+        expected = (
+            "RemoteProtocolError" if how == "backend-dies" else sc.ERROR_TYPE_UPSTREAM_ERROR_EVENT
+        )
+        for span in (root, inference):
+            assert span.status.status_code is StatusCode.ERROR
+            assert span.attributes[sc.ERROR_TYPE] == expected
+        assert root.attributes[sc.ATTR_REJECTED_BY] == "inference"
+        assert cap.value(sc.REQUESTS, model="tiny", code="200") == 1
+        assert cap.value(sc.REJECTIONS, stage="inference", model="tiny", code="200") == 1
+        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_AVAILABILITY) == 1
+        assert cap.value(sc.UNMETERED_REQUESTS, model="tiny", billing=sc.BILLING_ESTIMATED) == 1
+        assert inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
+        assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+
+
+class TestTokens:
+    """Billing on the library path."""
+
+    async def test_a_stream_without_usage_is_billed_from_the_usage_stagelens_asked(
+        self, cap, scripted_url
+    ) -> None:
+        """The app asked for no usage: stagelens asks, bills it, and the app never sees it."""
+        script = [[0, event(content("a", finish_reason="stop"))]]
+        r = await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        assert '"usage"' not in r.text
+        assert cap.value(sc.TOKENS, model="tiny", tenant="other", type="input") == 7
+        assert cap.value(sc.TOKENS, model="tiny", tenant="other", type="output") == 3
+        assert cap.value(sc.UNMETERED_REQUESTS, model="tiny", billing=sc.BILLING_ESTIMATED) is None
+
+    async def test_usage_of_several_upstream_calls_is_summed(self, cap, scripted_url) -> None:
+        """Two calls in one request (a whole answer, then a stream): both are billed."""
+        script = [[0, event(content("a", finish_reason="stop"))]]
+        app = _proxy(cap, scripted_url, calls=2)
+        await _post(app, {"stream": True, "x_script": script})
+        assert cap.value(sc.TOKENS, model="tiny", tenant="other", type="input") == 14
+        assert cap.value(sc.TOKENS, model="tiny", tenant="other", type="output") == 6
+
+
+class TestModelLabel:
+    """A model name becomes a label value only when its upstream call was answered."""
+
+    async def test_an_app_answering_200_for_a_refused_model_does_not_make_it_served(
+        self, cap, scripted_url
+    ) -> None:
+        """The relay answers 200 around the upstream's 404: the name stays ``other``,
+        and the real model keeps its own value afterwards."""
+        app = _proxy(cap, scripted_url)
+        for i in range(3):
+            r = await _post(app, {"model": f"made-up-{i}", "stream": True, "x_status": 404})
+            assert r.status_code == 200
+        await _post(app, {"stream": True, "x_script": [[0, event(content("a"))]]})
+        models = {
+            s.labels["model"]
+            for m in cap.registry.collect()
+            for s in m.samples
+            if "model" in s.labels
+        }
+        assert not [m for m in models if m.startswith("made-up")]
+        assert "tiny" in models
+
+
+class TestServiceLevelIndicators:
+    """The SLI counters and the upstream's share of TTFT, as the alert rules read them."""
+
+    async def test_a_good_stream_counts_good_for_every_sli(self, cap, scripted_url) -> None:
+        """A streamed answer well within the objectives: counted by all four SLIs, bad for
+        none; the upstream's time to its first output event is recorded too."""
+        script = [[0, event(ROLE)], [0.02, event(content("a"))], [0.01, event(content("b"))]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT):
+            assert cap.value(sc.SLI_REQUESTS, model="tiny", sli=sli) == 1, sli
+            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sli) == 0, sli
+        assert cap.value(sc.UPSTREAM_TTFT + "_count", model="tiny") == 1
+        upstream = cap.value(sc.UPSTREAM_TTFT + "_sum", model="tiny")
+        assert upstream is not None
+        assert 0.02 <= upstream <= _ttft(cap)
+
+    async def test_slow_tokens_are_bad_for_itl_and_goodput(self, cap, scripted_url) -> None:
+        """Tokens 150 ms apart (threshold 100 ms): bad ITL and goodput, good TTFT."""
+        script = [[0, event(content("a"))], [0.15, event(content("b"))]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_TTFT) == 0
+        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_ITL) == 1
+        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_GOODPUT) == 1
