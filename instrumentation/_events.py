@@ -22,7 +22,7 @@ import time
 from typing import Final
 
 from stagelens.instrumentation import _openai
-from stagelens.instrumentation._sse import Event, is_done, output_fast, split_events
+from stagelens.instrumentation._sse import Event, content_keys, is_done, output_fast, split_events
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
@@ -31,8 +31,8 @@ from stagelens.request import InferenceFacts
 _TAIL_MAX: Final = 48 * 1024
 """An incomplete event longer than this is not waited for: the stream is passed on
 unread from there (memory stays bounded whatever the upstream sends)."""
-_CONTENT: Final = b'"content"'
-_TEXT: Final = b'"text"'
+_perf_counter: Final = time.perf_counter
+_time_ns: Final = time.time_ns
 
 
 class EventReader:
@@ -42,15 +42,19 @@ class EventReader:
         "_asked_usage",
         "_ended",
         "_failure",
+        "_fast",
         "_finish_reasons",
         "_first_output_at",
         "_inference",
         "_key",
+        "_keys",
         "_last_fast",
         "_last_output_ns",
         "_marks",
+        "_marks0",
         "_outputs",
         "_partial",
+        "_passing",
         "_recording",
         "_response_id",
         "_sends",
@@ -71,13 +75,21 @@ class EventReader:
         inference: InferenceFacts | None,
     ) -> None:
         self._recording = recording
-        self._key = _CONTENT if chat else _TEXT
+        self._keys = content_keys(chat)
+        self._key = self._keys[0]
+        """The output key as this stream writes it (compact or spaced), tried first."""
         self._single_choice = single_choice
         self._sends = sends
         """The app's sends so far (``RequestState.token_times``), or None outside a request."""
         self._inference = inference
         self._marks: dict[int, list[int]] = {}
         """Per choice, the marks of its output-bearing events (see the module docstring)."""
+        self._marks0: list[int] | None = None
+        """Choice 0's marks when there is a request to mark for (single-choice hot path)."""
+        if sends is not None and single_choice:
+            self._marks0 = self._marks[0] = []
+            if inference is not None:
+                inference.choices.append(self._marks0)
         self._outputs = 0
         self._first_output_at: float | None = None
         self._last_output_ns = 0
@@ -88,11 +100,15 @@ class EventReader:
         """stagelens added ``stream_options.include_usage`` to the request."""
         self._strip = False
         """The usage event is removed from what the app reads (asked for, and answered)."""
+        self._passing = False
+        """Reading stopped (PASS): chunks go to the app untouched."""
         self._last_fast: bytes | None = None
-        """The latest event read from its bytes alone: its finish reason and running usage
-        are read when the stream ends, if no later event said them."""
+        """The latest event chunk read from its bytes alone: its finish reason and running
+        usage are read when the stream ends, if no later event said them."""
         self._unread_first = recording
         """A recorded span shows the first event's response id: it is parsed."""
+        self._fast = single_choice and not recording
+        """A whole content event may be read from its bytes (one choice, first one read)."""
         self._ended = False
         """The stream's last event arrived ([DONE], a finish reason or the usage event)."""
         self._failure: str | None = None
@@ -105,31 +121,53 @@ class EventReader:
         self._response_id: str | None = None
 
     def read(self, chunk: bytes) -> bytes:
-        """Read one chunk; return the bytes the app reads now."""
-        if (
-            not self._partial
-            and self._single_choice
-            and chunk.find(b"\n") == len(chunk) - 2
-            and chunk[-1:] == b"\n"
-            and chunk[:5] == b"data:"
-            and not self._unread_first
-        ):
-            # One whole single-line event: the usual chunk. A content event is known from
-            # its bytes; anything else is read like any event.
-            payload = chunk[5:-2]
-            if output_fast(payload, self._key):
-                self._output(0)
-                self._last_fast = payload
+        """Read one chunk; return the bytes the app reads now. The hot path of a stream.
+
+        Why written out: nearly every chunk is one whole content event, ``data: {...}``
+        and a blank line. One ``find`` shows its output key with a non-empty string value
+        (sound, see ``_sse.output_fast``), another that it is one single-line event; the
+        event is then counted and marked without being parsed or split.
+        """
+        if self._fast and not self._partial:
+            key = self._key
+            at = chunk.find(key, 5)
+            if at < 0:  # maybe the stream spaces its JSON the other way
+                key = self._keys[1] if key is self._keys[0] else self._keys[0]
+                at = chunk.find(key, 5)
+                if at > 5:
+                    self._key = key
+            if (
+                at > 5
+                and chunk.find(b"\n") == len(chunk) - 2
+                and chunk[-1] == 10  # one line, then the blank line: one whole event
+                and chunk[at - 1] != 92  # no backslash: the key is no string's end
+                and chunk[at + len(key)] != 34  # the value's first byte: not empty
+                and chunk.startswith(b"data:")
+            ):
+                self._outputs += 1
+                if self._first_output_at is None:
+                    self._first_output(0)
+                marks, sends = self._marks0, self._sends
+                if marks is not None and sends is not None:
+                    marks.append(len(sends))
+                if self._recording:
+                    self._last_output_ns = _time_ns()
+                self._last_fast = chunk
                 return chunk
-            if payload[:1] == b" ":
-                payload = payload[1:]
-            return self._read_events([(0, len(chunk), payload)], chunk, chunk, len(chunk))
-        data = self._partial + chunk if self._partial else chunk
-        events, end = split_events(data)
-        self._partial = data[end:]
-        if len(self._partial) > _TAIL_MAX:
-            raise ValueError("an event longer than the bound")  # the caller stops reading
-        return self._read_events(events, data, chunk, end)
+        if self._passing:
+            return chunk
+        held = self._partial if self._strip else b""
+        try:
+            data = self._partial + chunk if self._partial else chunk
+            events, end = split_events(data)
+            self._partial = data[end:]
+            if len(self._partial) > _TAIL_MAX:
+                raise ValueError("an event longer than the bound")
+            return self._read_events(events, data, chunk, end)
+        except Exception as exc:  # never the app's problem: every byte passes on
+            self._report(sc.COMPONENT_UPSTREAM, exc)
+            self.stop_reading()
+            return held + chunk
 
     def _read_events(self, events: list[Event], data: bytes, chunk: bytes, end: int) -> bytes:
         """Read complete events; return what the app reads now."""
@@ -137,9 +175,9 @@ class EventReader:
         for start, stop, payload in events:
             if payload is None:
                 continue
-            if self._single_choice and not self._unread_first and output_fast(payload, self._key):
+            if self._fast and output_fast(payload, self._key):
                 self._output(0)
-                self._last_fast = payload
+                self._last_fast = b"data:" + payload
                 continue
             if is_done(payload):
                 self._ended = True
@@ -165,12 +203,15 @@ class EventReader:
 
     def _parse(self, payload: bytes) -> _openai.EventFacts | None:
         """The facts of an event; None (counted, logged once) when it is not JSON."""
-        self._unread_first = False
+        if self._unread_first:
+            self._unread_first = False
+            self._fast = self._single_choice
         try:
-            return _openai.read_event(payload)
+            facts = _openai.read_event(payload)
         except ValueError as exc:
             self._report(sc.COMPONENT_UPSTREAM_EVENT, exc)
             return None
+        return facts
 
     def _report(self, component: str, exc: BaseException) -> None:
         """Count a failure to read (``_UpstreamCall`` reports it)."""
@@ -179,10 +220,9 @@ class EventReader:
         """One output-bearing event of ``choice`` arrived."""
         self._outputs += 1
         if self._first_output_at is None:
-            self._first_output_at = time.perf_counter()
-            self.mark_first()
+            self._first_output(choice)
         if self._recording:
-            self._last_output_ns = time.time_ns()
+            self._last_output_ns = _time_ns()
         sends = self._sends
         if sends is not None:
             marks = self._marks.get(choice)
@@ -191,6 +231,11 @@ class EventReader:
                 if self._inference is not None:
                     self._inference.choices.append(marks)
             marks.append(len(sends))
+
+    def _first_output(self, choice: int) -> None:
+        """The call's first output-bearing event arrived now."""
+        self._first_output_at = _perf_counter()
+        self.mark_first()
 
     def mark_first(self) -> None:
         """The request's first output arrived now (the first of any of its calls counts)."""
@@ -216,6 +261,12 @@ class EventReader:
         if self._recording and self._response_id is None:
             self._response_id = facts.id
 
+    def stop_reading(self) -> bytes:
+        """Stop reading (PASS); return the bytes held back, handed over once."""
+        self._fast = False
+        self._passing = True
+        return self.release()
+
     def release(self) -> bytes:
         """The bytes held back (an incomplete event, when stripping); handed over once."""
         held = self._partial if self._strip else b""
@@ -239,7 +290,7 @@ class EventReader:
         last = self._last_fast
         newer = last is not self._usage_after  # came after the event that gave ``_usage``
         if last is not None and (newer or not self._ended or self._recording):
-            facts = _quiet(last)  # read once: it was never parsed
+            facts = _quiet(last[5:].strip())  # read once: it was never parsed
             if facts is not None:
                 if facts.usage is not None and (newer or self._usage is None):
                     self._usage = facts.usage  # a running total (continuous usage stats)

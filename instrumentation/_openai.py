@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import math
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -105,8 +106,14 @@ def add_usage(total: Usage | None, more: Usage) -> Usage:
     )
 
 
+_OUTPUT_KEY: Final = re.compile(rb'"(?:content|text|reasoning|refusal|tool_calls)[_a-z]*"')
+"""An output key's name in an event's bytes: the object walk is skipped without one."""
+
+
 class EventFacts:
-    """What one parsed event (or a whole answer) says."""
+    """What one parsed event (or a whole answer) says. Given the event's bytes too, the
+    walk for output is skipped when none of the output keys occurs in them (the usage
+    event, an error event: most of what is parsed)."""
 
     __slots__ = (
         "error",
@@ -119,7 +126,7 @@ class EventFacts:
         "usage",
     )
 
-    def __init__(self, body: Any) -> None:
+    def __init__(self, body: Any, raw: bytes | None = None) -> None:
         self.outputs: list[int] = []
         """Choice indices that carry output in this event (index 0 outside choices)."""
         self.finish_reasons: list[str] = []
@@ -131,8 +138,9 @@ class EventFacts:
         self.metrics: dict[str, Any] | None = None
         self.no_choices = True
         """No choice in it (vLLM's usage event has ``"choices": []``)."""
+        walk = raw is None or _OUTPUT_KEY.search(raw) is not None
         if not isinstance(body, dict):
-            if has_output(body):  # not an OpenAI event, but output all the same
+            if walk and has_output(body):  # not an OpenAI event, but output all the same
                 self.outputs.append(0)
             return
         rid, model, metrics = body.get("id"), body.get("model"), body.get("metrics")
@@ -142,6 +150,11 @@ class EventFacts:
         self.error = body.get("error") is not None or body.get("object") == "error"
         choices = body.get("choices")
         rest = body
+        if not walk:  # no output key in its bytes: only the choices' finish reasons
+            if isinstance(choices, list):
+                self.no_choices = not choices
+                self.finish_reasons = _finish_reasons(c for c in choices if isinstance(c, dict))
+            return
         if isinstance(choices, list):
             self.no_choices = not choices
             rest = {k: v for k, v in body.items() if k != "choices"}
@@ -166,10 +179,15 @@ class EventFacts:
         return self.usage is not None and self.no_choices and not self.outputs and not self.error
 
 
+def _finish_reasons(choices: Any) -> list[str]:
+    reasons = (c.get("finish_reason") for c in choices)
+    return [r for r in reasons if isinstance(r, str) and r]
+
+
 def read_event(payload: bytes) -> EventFacts:
     """The facts of one event's data. Raises ValueError when it is not JSON."""
     try:
-        return EventFacts(loads(payload))
+        return EventFacts(loads(payload), payload)
     except RecursionError as exc:  # absurdly nested: not an event we can read
         raise ValueError("event nested too deeply") from exc
 

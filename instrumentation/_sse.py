@@ -83,10 +83,17 @@ def is_done(payload: bytes) -> bool:
     return payload.strip() == DONE
 
 
+def content_keys(chat: bool) -> tuple[bytes, bytes]:
+    """The output key of a chat (``content``) or completion (``text``) event, followed by
+    the opening quote of its value, as compact JSON (vLLM) and as ``json.dumps`` spaces it."""
+    name = b'"content"' if chat else b'"text"'
+    return name + b':"', name + b': "'
+
+
 def output_fast(payload: bytes, key: bytes) -> bool:
-    """True when the event's JSON has ``key`` (``b'"content"'`` or ``b'"text"'``) with a
-    non-empty string value: the event carries generated output. False means "not shown
-    here" (the event is then parsed), never "no output".
+    """True when the event's JSON has the output key of ``key`` (see ``content_keys``)
+    with a non-empty string value: the event carries generated output. False means "not
+    shown here" (the event is then parsed), never "no output".
 
     Why: nearly every event of a stream is a content event, and finding one key costs a
     tenth of parsing the event. The check is sound for JSON as encoders write it: a quoted
@@ -97,9 +104,4 @@ def output_fast(payload: bytes, key: bytes) -> bool:
     at = payload.find(key)
     if at <= 0 or payload[at - 1] == 92:  # 92: a backslash (the quote is escaped)
         return False
-    after = payload[at + len(key) : at + len(key) + 4]
-    if after[:2] == b':"':
-        return after[2:3] not in (b'"', b"")
-    if after[:3] == b': "':
-        return after[3:4] not in (b'"', b"")
-    return False
+    return payload[at + len(key) : at + len(key) + 1] not in (b'"', b"")

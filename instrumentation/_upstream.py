@@ -74,13 +74,13 @@ class _UpstreamCall(EventReader):
         "_buffer",
         "_engine",
         "_headers_seen",
-        "_inference",
         "_payload",
         "_response_model",
         "_status",
         "_t0",
         "mode",
         "model",
+        "on_chunk",
         "span",
         "state",
         "stream",
@@ -145,6 +145,10 @@ class _UpstreamCall(EventReader):
         self._buffer = bytearray()
         """BODY: the answer so far."""
         self.mode = _EVENTS if stream else _BODY
+        self.on_chunk = self.read if stream else self._keep_body
+        """Take one chunk of the body, as the mode says; return the bytes the app reads now
+        (the chunk itself, except around the usage event stagelens asked for). Bound to
+        the mode's reader, so that a stream's chunk costs one call."""
         self._status = 0
         self._headers_seen = False
         self._engine: dict[str, Any] | None = None
@@ -156,6 +160,7 @@ class _UpstreamCall(EventReader):
         self._status = status = response.status_code
         if status >= 400:
             self.mode = _BODY  # an error body, not an event stream: read it at the end
+            self.on_chunk = self._keep_body
             self._ended = True  # no last event to await
         elif self._inference is not None:
             self._inference.ok = True  # answered: the model it named is served
@@ -170,22 +175,17 @@ class _UpstreamCall(EventReader):
                 self.span.set_attribute(sc.ERROR_TYPE, str(status))
                 self.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
-    def on_chunk(self, chunk: bytes) -> bytes:
-        """Take one chunk of the body, as the mode says; return the bytes the app reads
-        now (the chunk itself, except around the usage event stagelens asked for)."""
-        mode = self.mode
-        if mode is _EVENTS:
-            held = self._partial if self._strip else b""
-            try:
-                return self.read(chunk)
-            except Exception as exc:  # never the app's problem: pass every byte on
-                self.mode = _PASS
-                self._partial, self._strip = b"", False
-                self._report(sc.COMPONENT_UPSTREAM, exc)
-                return held + chunk
-        if mode is _BODY and len(self._buffer) + len(chunk) <= _MAX_BODY:
+    def _keep_body(self, chunk: bytes) -> bytes:
+        """BODY: keep the answer (up to ``_MAX_BODY``) for the end."""
+        if len(self._buffer) + len(chunk) <= _MAX_BODY:
             self._buffer += chunk
         return chunk
+
+    def stop_reading(self) -> bytes:
+        """PASS: stop reading the stream (EventReader.stop_reading)."""
+        if self.mode is _EVENTS:
+            self.mode = _PASS
+        return super().stop_reading()
 
     def flush(self) -> bytes:
         """The bytes held back for the app (an incomplete event) when the body ends."""
@@ -226,7 +226,7 @@ class _UpstreamCall(EventReader):
         try:
             if self.mode is _EVENTS:
                 self.settle()
-                self.mode = _PASS
+                self.stop_reading()
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
         if self._ended:

@@ -188,3 +188,14 @@ def test_loads_fails_as_json_loads_does(raw: bytes) -> None:
         except ValueError as exc:
             outcomes.append(type(exc).__name__)
     assert outcomes[0] == outcomes[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON)
+def test_reading_the_bytes_says_what_reading_the_value_says(body: Any) -> None:
+    """Given the event's bytes (which let the walk for output be skipped when no output
+    key occurs in them), the facts are those of the value alone."""
+    raw = json.dumps(body).encode()
+    fast, plain = _openai.read_event(raw), _openai.EventFacts(json.loads(raw))
+    for name in ("outputs", "finish_reasons", "usage", "error", "no_choices", "id", "model"):
+        assert getattr(fast, name) == getattr(plain, name), name

@@ -55,7 +55,9 @@ def _encode(value: Any, spaced: bool) -> bytes:
 
 
 @settings(max_examples=400, deadline=None)
-@given(events(), st.booleans(), st.sampled_from([b'"content"', b'"text"']))
+@given(
+    events(), st.booleans(), st.sampled_from([*_sse.content_keys(True), *_sse.content_keys(False)])
+)
 def test_the_content_byte_check_is_sound(event: Any, spaced: bool, key: bytes) -> None:
     """Whenever the byte check says an event carries output, parsing it says so too."""
     payload = _encode(event, spaced)
@@ -67,12 +69,14 @@ def test_the_content_byte_check_is_sound(event: Any, spaced: bool, key: bytes) -
 @given(st.text(alphabet=st.sampled_from("ab ☕"), min_size=1, max_size=4), st.booleans())
 def test_the_content_byte_check_finds_plain_content(text: str, spaced: bool) -> None:
     """A plain content or text event, as vLLM or ``json.dumps`` writes it, is found."""
-    for key, body in (
-        (b'"content"', {"choices": [{"index": 0, "delta": {"content": text}}]}),
-        (b'"text"', {"choices": [{"index": 0, "text": text}]}),
+    form = 1 if spaced else 0
+    for chat, body in (
+        (True, {"choices": [{"index": 0, "delta": {"content": text}}]}),
+        (False, {"choices": [{"index": 0, "text": text}]}),
     ):
-        assert _sse.output_fast(_encode(body, spaced), key)
-    assert not _sse.output_fast(_encode({"delta": {"content": ""}}, spaced), b'"content"')
+        assert _sse.output_fast(_encode(body, spaced), _sse.content_keys(chat)[form])
+    empty = _encode({"delta": {"content": ""}}, spaced)
+    assert not _sse.output_fast(empty, _sse.content_keys(True)[form])
 
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")

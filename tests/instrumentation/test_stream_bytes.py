@@ -248,3 +248,64 @@ def test_unreadable_events_are_counted_and_logged_once_without_their_text(
     assert len(logged) == 1
     assert "secret" not in logged[0]
     assert "JSONDecodeError" in logged[0]
+
+
+CONTENT = st.text(alphabet=st.sampled_from(["a", '"', "\\", "{", ":", " "]), max_size=3)
+SINGLE_CHOICE_EVENT = st.one_of(
+    st.builds(lambda t: {"choices": [{"index": 0, "delta": {"content": t}}]}, CONTENT),
+    st.builds(
+        lambda t: {"choices": [{"index": 0, "delta": {"content": t}, "finish_reason": "stop"}]},
+        CONTENT,
+    ),
+    st.just({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+    st.builds(
+        lambda k: {"choices": [{"index": 0, "delta": {"content": None, k: [{"index": 0}]}}]},
+        st.sampled_from(["tool_calls", "x"]),
+    ),
+    st.builds(lambda t: {"choices": [{"index": 0, "delta": {"reasoning": t}}]}, CONTENT),
+    st.builds(
+        lambda k, t: {k: t, "choices": [{"index": 0, "delta": {}}]},
+        st.sampled_from(['"content', "content", 'a"content']),
+        CONTENT,
+    ),
+    st.just({"choices": [], "usage": USAGE}),
+    EVENT_JSON,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(SINGLE_CHOICE_EVENT, max_size=8),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.lists(st.integers(0, 400), max_size=6),
+    st.booleans(),
+)
+def test_output_events_are_counted_as_parsing_each_event_counts(
+    stream: list[Any], separators: tuple[str, str], cuts: list[int], sampled: bool
+) -> None:
+    """However the events are written and chunked, traced or sampled out, the output
+    events counted (most of them from their bytes alone) are those that parsing every
+    event finds."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    from prometheus_client import CollectorRegistry
+
+    from stagelens.telemetry import Telemetry
+
+    body = b"".join(f"data: {json.dumps(e, separators=separators)}\n\n".encode() for e in stream)
+    expected = sum(1 for e in stream if _openai.EventFacts(e).outputs)
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
+    if True:
+        payload = {"model": "tiny", "stream": True}
+        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+        call = _UpstreamCall(telemetry, None, payload, "chat", request)
+        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+        for chunk in (
+            _chunked(body, cuts)
+            if cuts
+            else [f"data: {json.dumps(e, separators=separators)}\n\n".encode() for e in stream]
+        ):
+            call.on_chunk(chunk)
+        assert call._outputs == expected
+        call.finish()
