@@ -67,7 +67,7 @@ UPSTREAM = textwrap.dedent(
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     """
-).replace("CHUNKS", str(CHUNKS))
+)
 
 SINK = textwrap.dedent(
     """
@@ -177,9 +177,10 @@ PROXY = textwrap.dedent(
 )
 
 
-def write_programs(work: Path) -> Path:
-    """Write the upstream, sink and proxy programs (and the floor's module) into ``work``."""
-    (work / "bench_upstream.py").write_text(UPSTREAM)
+def write_programs(work: Path, chunks: int = CHUNKS) -> Path:
+    """Write the upstream (streaming ``chunks`` content events), sink and proxy programs
+    (and the floor's module) into ``work``."""
+    (work / "bench_upstream.py").write_text(UPSTREAM.replace("CHUNKS", str(chunks)))
     (work / "bench_sink.py").write_text(SINK)
     (work / "bench_proxy.py").write_text(PROXY)
     shutil.copy(Path(__file__).with_name("capture_floor.py"), work / "capture_floor.py")
