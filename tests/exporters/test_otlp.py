@@ -175,7 +175,7 @@ def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from stagelens.exporters.otlp import _otlp_exporter
+    from stagelens.exporters.otlp import otlp_exporter
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port_factory()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
@@ -184,7 +184,7 @@ def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog
     provider.add_span_processor(SimpleSpanProcessor(memory))
     with provider.get_tracer("test").start_as_current_span("one"):
         pass
-    exporter = _otlp_exporter()
+    exporter = otlp_exporter("traces")
     with caplog.at_level(logging.WARNING, logger="opentelemetry"):
         for _ in range(3):
             exporter.export(memory.get_finished_spans())

@@ -26,8 +26,11 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from stagelens.exporters import vllm_metrics
+from stagelens.exporters.vllm_spans import emit_engine_spans
 
 from stagelens import semconv
+from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.engine_stats import read_iteration, read_scheduler
 
 _NO_VLLM = "vLLM is not installed (bash scripts/setup.sh installs it)"
@@ -43,9 +46,9 @@ def _fresh_warnings(monkeypatch) -> None:
 
 @pytest.fixture
 def plugin() -> ModuleType:
-    """``stagelens.exporters.vllm`` (imports vLLM: skips without it)."""
+    """``stagelens.exporters.vllm_stat_logger`` (imports vLLM: skips without it)."""
     pytest.importorskip("vllm", reason=_NO_VLLM)
-    from stagelens.exporters import vllm as module
+    from stagelens.exporters import vllm_stat_logger as module
 
     return module
 
@@ -313,10 +316,10 @@ def otlp_receiver() -> Iterator[_ReceiverServer]:
 
 
 @pytest.fixture
-def fresh_pipeline(plugin, monkeypatch) -> Iterator[list]:
+def fresh_pipeline(monkeypatch) -> Iterator[list]:
     """An empty process-wide OTLP pipeline slot; whatever a test builds is shut down."""
     slot: list = []
-    monkeypatch.setattr(plugin, "_OTLP", slot)
+    monkeypatch.setattr(vllm_metrics, "_OTLP", slot)
     yield slot
     for pipeline in slot:
         pipeline.shutdown()
@@ -355,18 +358,18 @@ def _attrs(point: Any) -> dict[str, str]:
 class TestOtlpMetrics:
     """With OTLP configured the same figures reach a real OTLP/HTTP receiver."""
 
-    def test_enabled_only_when_asked(self, plugin, monkeypatch) -> None:
+    def test_enabled_only_when_asked(self, monkeypatch) -> None:
         """Default off; OTEL_METRICS_EXPORTER=otlp or STAGELENS_VLLM_OTLP_METRICS=1 turn it on."""
         for name in ("OTEL_METRICS_EXPORTER", "STAGELENS_VLLM_OTLP_METRICS"):
             monkeypatch.delenv(name, raising=False)
-        assert not plugin.otlp_metrics_enabled()
+        assert not vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "console,otlp")
-        assert plugin.otlp_metrics_enabled()
+        assert vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("STAGELENS_VLLM_OTLP_METRICS", "0")
-        assert not plugin.otlp_metrics_enabled()
+        assert not vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
         monkeypatch.setenv("STAGELENS_VLLM_OTLP_METRICS", "1")
-        assert plugin.otlp_metrics_enabled()
+        assert vllm_metrics.otlp_metrics_enabled()
 
     def test_real_vllm_stats_reach_a_real_receiver(
         self, plugin, stats, otlp_receiver, fresh_pipeline, monkeypatch
@@ -425,7 +428,7 @@ class TestOtlpMetrics:
             assert point.sum == pytest.approx(
                 registry.get_sample_value(semconv.ENGINE_PHASE_DURATION + "_sum", labels)
             )
-            assert list(point.explicit_bounds) == list(plugin.ENGINE_PHASE_BUCKETS)
+            assert list(point.explicit_bounds) == list(ENGINE_PHASE_BUCKETS)
         assert points["queue"].sum == pytest.approx(4 * (_SCHEDULED_TS - _QUEUED_TS))
         assert points["frontend"].sum == pytest.approx(4 * _FRONTEND, abs=1e-5)
 
@@ -542,7 +545,7 @@ import sys
 from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
-from stagelens.exporters.vllm import StageLensStatLogger
+from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
 
 cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
 stats = SimpleNamespace(
@@ -597,7 +600,7 @@ class TestEngineSpans:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         return provider, exporter
 
-    def test_minted_id_makes_three_children_of_the_inference_span(self, plugin) -> None:
+    def test_minted_id_makes_three_children_of_the_inference_span(self) -> None:
         """A ``<trace>-<span>`` id inside vLLM's id parents queue/prefill/decode, back to back."""
         provider, exporter = self._provider()
         trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -606,7 +609,7 @@ class TestEngineSpans:
                 finished_requests=[_finished(request_id=f"cmpl-{trace_id}-{span_id}-0-ab12")]
             )
         ).finished[0]
-        made = plugin.emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request)
+        made = emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request)
         spans = {s.name: s for s in exporter.get_finished_spans()}
         assert made == 3
         assert sorted(spans) == [
@@ -625,13 +628,13 @@ class TestEngineSpans:
         total = (spans["decode"].end_time - spans["queue"].start_time) / 1e9
         assert total == pytest.approx(request.queue + request.prefill + request.decode, abs=1e-6)
 
-    def test_foreign_request_id_makes_no_spans(self, plugin) -> None:
+    def test_foreign_request_id_makes_no_spans(self) -> None:
         """A plain client's id (no trace in it) emits nothing rather than an orphan trace."""
         provider, exporter = self._provider()
         request = read_iteration(
             SimpleNamespace(finished_requests=[_finished(request_id="chatcmpl-42")])
         ).finished[0]
-        assert plugin.emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
+        assert emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
         assert exporter.get_finished_spans() == ()
 
 
