@@ -9,11 +9,9 @@ The adapter tests need no vLLM; everything that imports the plugin (it subclasse
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import logging
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
@@ -21,9 +19,6 @@ from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stagelens.exporters import vllm_metrics
@@ -32,6 +27,8 @@ from stagelens.exporters.vllm_spans import emit_engine_spans
 from stagelens import semconv
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.engine_stats import read_iteration, read_scheduler
+from tests._otlp_receiver import OtlpReceiver
+from tests._otlp_receiver import otlp_receiver as running_receiver
 
 _NO_VLLM = "vLLM is not installed (bash scripts/setup.sh installs it)"
 
@@ -285,34 +282,11 @@ class TestPluginLoading:
 # --------------------------------------------------------------------------------------
 # OTLP metrics
 # --------------------------------------------------------------------------------------
-class _ReceiverServer(http.server.HTTPServer):
-    received: list[tuple[str, ExportMetricsServiceRequest]]
-
-
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    server: _ReceiverServer
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        message = ExportMetricsServiceRequest()
-        message.ParseFromString(body)
-        self.server.received.append((self.path, message))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def otlp_receiver() -> Iterator[_ReceiverServer]:
-    """An OTLP/HTTP metrics receiver on a free loopback port, decoding with opentelemetry-proto."""
-    server = _ReceiverServer(("127.0.0.1", 0), _Receiver)
-    server.received = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver on a free loopback port, decoding with opentelemetry-proto."""
+    with running_receiver() as server:
+        yield server
 
 
 @pytest.fixture
@@ -338,11 +312,13 @@ def _prometheus_name(name: str, unit: str, kind: str) -> str:
     return base + "_total" if kind == "sum" else base
 
 
-def _otlp_metrics(server: _ReceiverServer) -> tuple[dict[str, Any], dict[str, str]]:
+def _otlp_metrics(server: OtlpReceiver) -> tuple[dict[str, Any], dict[str, str]]:
     """The last value of every metric received, and the resource attributes."""
     metrics: dict[str, Any] = {}
     resource: dict[str, str] = {}
-    for _path, message in server.received:
+    for path, message in server.received:
+        if path != "/v1/metrics":
+            continue
         for rm in message.resource_metrics:
             resource = {a.key: a.value.string_value for a in rm.resource.attributes}
             for sm in rm.scope_metrics:
@@ -636,6 +612,123 @@ class TestEngineSpans:
         ).finished[0]
         assert emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
         assert exporter.get_finished_spans() == ()
+
+
+_TRACES_CHILD = """
+import json, sys, time
+from types import SimpleNamespace
+from prometheus_client import REGISTRY
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats
+from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
+
+cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
+logger = StageLensStatLogger(cfg, 0)  # no registry given: REGISTRY, the one vLLM serves
+it = IterationStats()
+it.finished_requests = [
+    FinishedRequestStats(
+        finish_reason=None, request_id=request_id, e2e_latency=0.5, num_prompt_tokens=8,
+        num_generation_tokens=4, queued_time=0.01, prefill_time=0.02, decode_time=0.3,
+        num_cached_tokens=0,
+    )
+    for request_id in sys.argv[1:]
+]
+logger.record(None, it)
+time.sleep(0.5)  # the engine runs on: threads started with the logger get their turn
+print(json.dumps({
+    "families": sorted(family.name for family in REGISTRY.collect()),
+    "ended_ns": int(it.iteration_timestamp * 1e9),
+}))
+# Exit: what is still queued is built and exported at interpreter exit.
+"""
+
+
+def _gateway_only_families() -> set[str]:
+    """Family names the gateway's instruments register (what configure() adds) that the
+    plugin does not (telemetry errors and engine phases are in both, and so are dropped
+    spans when engine spans are on)."""
+    from stagelens._instruments import instruments_for
+    from stagelens.config import load_settings
+
+    gateway, engine = CollectorRegistry(), CollectorRegistry()
+    instruments_for(gateway, load_settings())
+    vllm_metrics.EngineMetrics(engine)
+    ours = {f.name for f in engine.collect()} | {semconv.SPANS_DROPPED.removesuffix("_total")}
+    return {f.name for f in gateway.collect()} - ours
+
+
+class TestEngineTraces:
+    """STAGELENS_VLLM_TRACES=1: engine spans reach the collector the OTEL_* settings name."""
+
+    def test_spans_reach_a_real_receiver_and_no_gateway_family_is_registered(
+        self, plugin, otlp_receiver, tmp_path
+    ) -> None:
+        """A process recording on vLLM's registry (prometheus-client's REGISTRY, holding the
+        plugin's EngineMetrics) exports queue/prefill/decode of each stagelens-minted request
+        as children of its inference span, and registers none of the gateway's families.
+
+        In a process of its own because the defect lived on the process-wide REGISTRY
+        (``configure()`` registered the gateway's instruments there and failed half-way);
+        this test session's REGISTRY stays clean."""
+        import json
+        import os
+        import subprocess
+
+        trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        minted = f"cmpl-{trace_id}-{span_id}-0-1a2b3c4d"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "STAGELENS_"))}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        env.update(
+            STAGELENS_VLLM_TRACES="1",
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{otlp_receiver.url}/v1/traces",
+            OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="5",
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", _TRACES_CHILD, minted, "chatcmpl-plain-client-42"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        child = json.loads(done.stdout.strip().splitlines()[-1])
+        families = set(child["families"])
+        assert semconv.ENGINE_PHASE_DURATION in families  # the plugin's own metrics are there
+        assert families & _gateway_only_families() == set(), done.stderr[-2000:]
+        spans = otlp_receiver.spans()
+        assert sorted(s["name"] for s in spans) == ["decode", "prefill", "queue"], done.stderr[
+            -2000:
+        ]
+        by_name = {s["name"]: s for s in spans}
+        for span in spans:
+            assert span["trace_id"] == trace_id
+            assert span["parent_span_id"] == span_id
+            assert span["attributes"][semconv.ATTR_VLLM_REQUEST_ID] == minted
+            assert span["resource"]["service.name"] == "vllm"
+        # Laid back to back, ending at the iteration that finished the request; each as long
+        # as the phase vLLM measured (FinishedRequestStats above).
+        assert by_name["decode"]["end"] == child["ended_ns"]
+        for name, seconds in (("queue", 0.01), ("prefill", 0.02), ("decode", 0.3)):
+            span = by_name[name]
+            assert (span["end"] - span["start"]) / 1e9 == pytest.approx(seconds, abs=1e-6)
+        assert by_name["prefill"]["end"] == by_name["decode"]["start"]
+        assert by_name["queue"]["end"] == by_name["prefill"]["start"]
+
+    def test_bad_trace_settings_leave_metrics_working(self, plugin, monkeypatch, caplog) -> None:
+        """An unknown OTEL_TRACES_EXPORTER turns engine spans off, counted and logged once;
+        the metrics record as usual."""
+        monkeypatch.setenv("STAGELENS_VLLM_TRACES", "1")
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
+        registry = CollectorRegistry()
+        with caplog.at_level(logging.WARNING, logger="stagelens.vllm"):
+            logger = plugin.StageLensStatLogger(_config(), 0, registry=registry)
+            plugin.StageLensStatLogger(_config(), 1, registry=registry)
+        logger.record(_scheduler(), None)
+        errors = {"component": semconv.COMPONENT_VLLM_TRACES}
+        assert registry.get_sample_value(semconv.TELEMETRY_ERRORS, errors) == 2
+        assert sum("engine spans off" in r.getMessage() for r in caplog.records) == 1
+        labels = {"backend": logger.backend, "model": "tiny"}
+        assert registry.get_sample_value(semconv.KV_CACHE_HITS, labels) == 384
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
