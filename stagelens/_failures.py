@@ -6,8 +6,9 @@ it happens and handed to a ``FailureReporter``: it counts the failure in
 so that a collector down for an hour is one log line and a rising counter.
 
 Why the log line names the exception's type and never its message: messages can carry
-request content (a JSON decode error quotes the text it choked on, which may be prompt or
-completion text), and nothing private may reach the logs. The type and the component say
+request content (pydantic's validation errors quote the input value, a ``KeyError`` names
+a key read from a payload, a parser may quote the text it choked on: prompt or completion
+text), and nothing private may reach the logs. The type and the component say
 which part failed; the counter says how often.
 """
 

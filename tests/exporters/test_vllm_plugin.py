@@ -252,6 +252,24 @@ class TestRecord:
         )
         assert sum("record failed" in r.getMessage() for r in caplog.records) == 1
 
+    def test_exception_message_never_reaches_the_log(self, plugin, caplog) -> None:
+        """A failure whose message carries request text logs the exception type only."""
+        secret = "prompt: my account number is 12345"
+
+        class Leaky:
+            def __getattr__(self, name):
+                raise ValueError(secret)
+
+        registry = CollectorRegistry()
+        logger = plugin.StageLensStatLogger(_config(), 0, registry=registry)
+        with caplog.at_level(logging.DEBUG):
+            logger.record(None, Leaky())
+        text = "\n".join(
+            f"{r.getMessage()} {r.args!r} {r.exc_info} {r.exc_text}" for r in caplog.records
+        )
+        assert "record failed (ValueError)" in text
+        assert "12345" not in text
+
     def test_env_switch_disables_recording(self, plugin, monkeypatch) -> None:
         """STAGELENS_VLLM_PLUGIN=0 turns the plugin into a no-op."""
         monkeypatch.setenv("STAGELENS_VLLM_PLUGIN", "0")
