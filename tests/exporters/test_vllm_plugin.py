@@ -878,3 +878,50 @@ class TestRealVllm:
         assert ours("frontend") == pytest.approx(ttft_frontend, abs=0.05 * e2e)
         # 3. The issue's requirement: the phases sum to vLLM's e2e latency within 1 %.
         assert four == pytest.approx(e2e, rel=0.01)
+
+    def test_engine_spans_join_the_request_trace(self, vllm_server, vllm_span_receiver) -> None:
+        """A request sent through stagelens's upstream instrumentation: vLLM's plugin exports
+        queue/prefill/decode as children of that request's inference span (joined through the
+        ``<trace>-<span>`` request id), each as long as vLLM's own phase histograms say."""
+        from opentelemetry.trace import SpanKind
+        from stagelens.instrumentation.httpx import StageLensTransport
+
+        from stagelens.testing import capture_telemetry
+
+        url = vllm_server.base_url
+        before = _scrape(url)
+        with capture_telemetry() as cap:
+            transport = StageLensTransport(httpx.HTTPTransport(), telemetry=cap.telemetry)
+            with httpx.Client(transport=transport, timeout=120) as client:
+                body = {"model": "tiny", "prompt": _words(40, seed=77), "max_tokens": 8}
+                client.post(f"{url}/v1/completions", json=body).raise_for_status()
+            (inference,) = [s for s in cap.spans() if s.kind is SpanKind.CLIENT]
+        after = _scrape(url)
+        trace_id = f"{inference.context.trace_id:032x}"
+        span_id = f"{inference.context.span_id:016x}"
+
+        def engine_spans() -> list[dict[str, Any]]:
+            return [s for s in vllm_span_receiver.spans() if s["trace_id"] == trace_id]
+
+        assert vllm_span_receiver.wait_for(lambda: len(engine_spans()) >= 3, timeout=30)
+        spans = {s["name"]: s for s in engine_spans()}
+        assert sorted(spans) == ["decode", "prefill", "queue"]
+        for span in spans.values():
+            assert span["parent_span_id"] == span_id
+            assert span_id in span["attributes"][semconv.ATTR_VLLM_REQUEST_ID]
+            assert span["resource"]["service.name"] == "vllm"
+        assert spans["queue"]["end"] == spans["prefill"]["start"]
+        assert spans["prefill"]["end"] == spans["decode"]["start"]
+        for phase, theirs in (
+            ("queue", "vllm:request_queue_time_seconds_sum"),
+            ("prefill", "vllm:request_prefill_time_seconds_sum"),
+            ("decode", "vllm:request_decode_time_seconds_sum"),
+        ):
+            measured = _total(after, theirs) - _total(before, theirs)
+            seconds = (spans[phase]["end"] - spans[phase]["start"]) / 1e9
+            assert seconds == pytest.approx(measured, abs=2e-6), phase
+        # vLLM's /metrics carries the plugin's families and none of the gateway's.
+        names = {name for name, _ in after}
+        assert semconv.KV_CACHE_QUERIES in names
+        assert semconv.REQUESTS not in names
+        assert semconv.REQUEST_DURATION + "_count" not in names
