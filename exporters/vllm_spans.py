@@ -26,6 +26,7 @@ from typing import Final
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
+from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_env
 from stagelens.exporters.vllm_metrics import SERVICE_NAME, optional_counter
 
@@ -89,12 +90,12 @@ def emit_engine_spans(
 class EngineSpans:
     """Builds engine spans in a daemon thread from finished requests queued by ``record()``.
 
-    ``tracer_provider`` is the one spans are made with (the deferred provider in
-    production); ``errors`` counts a span that could not be built."""
+    ``tracer_provider`` makes and exports the spans; ``errors`` counts a span that could
+    not be built."""
 
     def __init__(
         self,
-        tracer_provider: trace.TracerProvider,
+        tracer_provider: DeferredTracerProvider,
         errors: FailureReporter,
         max_pending: int = 10_000,
     ) -> None:
@@ -122,7 +123,7 @@ class EngineSpans:
             self.drain()
 
     def drain(self) -> None:
-        """Build the spans of everything queued so far (the thread; also before a flush)."""
+        """Build the spans of everything queued so far (the thread; also at shutdown)."""
         with self._drain_lock:
             pending, tracer = self._pending, self._tracer
             while pending:
@@ -135,12 +136,6 @@ class EngineSpans:
                             sc.COMPONENT_VLLM_TRACES, exc, "vLLM plugin: an engine span failed"
                         )
 
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        """Build what is queued and export it now (tests, shutdown)."""
-        self.drain()
-        flush = getattr(self.tracer_provider, "force_flush", None)
-        return bool(flush(timeout_millis)) if flush is not None else True
-
     def shutdown(self) -> None:
         """Build what is queued, export it, stop; at interpreter exit too."""
         if self._closed:
@@ -148,9 +143,7 @@ class EngineSpans:
         self._closed = True
         self._wake.set()
         self.drain()
-        shutdown = getattr(self.tracer_provider, "shutdown", None)
-        if shutdown is not None:
-            shutdown()
+        self.tracer_provider.shutdown()
 
 
 _SPANS: weakref.WeakKeyDictionary[CollectorRegistry, EngineSpans | None] = (
