@@ -97,33 +97,39 @@ def otlp_exporter(signal: Literal["traces", "metrics"]) -> SpanExporter | Metric
     variable = f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL"
     protocol = os.environ.get(variable, os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", ""))
     protocol = protocol.strip() or "http/protobuf"
+    span_exporter: type[SpanExporter]
+    metric_exporter: type[MetricExporter]
     if protocol == "grpc":
         try:
-            from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as grpc_metrics
-            from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc_traces
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+                OTLPMetricExporter as metric_exporter,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as span_exporter,
+            )
         except ImportError as exc:
             raise DependencyMissingError(
                 "OTLP/gRPC needs the grpc extra: pip install 'stagelens[grpc]'"
             ) from exc
-        quiet_loggers("opentelemetry.exporter.otlp.proto.grpc.exporter")
-        if signal == "traces":
-            quiet_loggers(grpc_traces.__name__)
-            return grpc_traces.OTLPSpanExporter()
-        quiet_loggers(grpc_metrics.__name__)
-        return grpc_metrics.OTLPMetricExporter()
-    if protocol in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http import metric_exporter as http_metrics
-        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http_traces
+        client_logger = "opentelemetry.exporter.otlp.proto.grpc.exporter"
+    elif protocol in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter as metric_exporter,
+        )
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter as span_exporter,
+        )
 
-        # The shared HTTP client logs its retries through the exporter module's logger
-        # when given one (as the exporters do), else through its own.
-        quiet_loggers("opentelemetry.exporter.otlp.common.http")
-        if signal == "traces":
-            quiet_loggers(http_traces.__name__)
-            return http_traces.OTLPSpanExporter()
-        quiet_loggers(http_metrics.__name__)
-        return http_metrics.OTLPMetricExporter()
-    raise ConfigurationError(f"{variable} or OTEL_EXPORTER_OTLP_PROTOCOL: unsupported {protocol!r}")
+        # The shared HTTP client logs through the exporter's logger when given one (the
+        # exporters give theirs), else through its own.
+        client_logger = "opentelemetry.exporter.otlp.common.http"
+    else:
+        raise ConfigurationError(
+            f"{variable} or OTEL_EXPORTER_OTLP_PROTOCOL: unsupported {protocol!r}"
+        )
+    exporter = span_exporter if signal == "traces" else metric_exporter
+    quiet_loggers(exporter.__module__, client_logger)
+    return exporter()
 
 
 def _service_name_from_env() -> bool:
