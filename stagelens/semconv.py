@@ -377,6 +377,9 @@ COMPONENT_VLLM_OTLP_METRICS: Final = "vllm_otlp_metrics"
 """``component`` label value: an OTLP export of the plugin's metrics failed (collector down)."""
 COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
 """``component`` label value: the NVML collector could not be imported or registered."""
+COMPONENT_VLLM_TRACES: Final = "vllm_traces"
+"""``component`` label value: engine spans (``STAGELENS_VLLM_TRACES=1``) could not be set up
+from the ``OTEL_*`` settings, or one could not be built (the engine went on)."""
 
 UNIT_SECONDS: Final = "s"
 """UCUM unit of durations; OTel->Prometheus adds ``_seconds``."""

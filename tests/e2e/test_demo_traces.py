@@ -50,7 +50,7 @@ def _run_demo_traffic(traces: DemoTraces, vllm_server, tiny_model, serve_app, n:
     printed: list[str] = []
     try:
         with serve_app(app) as url:
-            asyncio.run(_traffic(url, DEMO_API_KEY, n))
+            asyncio.run(_traffic(url, DEMO_API_KEY, n, embeddings=False))
             trace_id = traces.print_slowest(telemetry, n, out=printed.append)
     finally:
         telemetry.shutdown()
