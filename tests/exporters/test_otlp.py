@@ -179,6 +179,12 @@ def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port_factory()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    # The once-per-template filters are process-wide: forget what earlier tests logged.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("opentelemetry.exporter"):
+            for found in logging.getLogger(name).filters:
+                if hasattr(found, "_seen"):
+                    monkeypatch.setattr(found, "_seen", set())
     provider = TracerProvider()
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
