@@ -15,7 +15,8 @@ from typing import Any, Final
 import yaml
 from stagelens.dashboards.build import DASHBOARDS, dump_json, to_dict
 
-from stagelens.alert_rules import BlockDumper, render_alerts, render_rules
+from stagelens.alert_rules import BlockDumper, render_alerts
+from stagelens.recording_rules import render_rules
 from stagelens.slo import SloConfig, load_slo_config
 
 NAMESPACE: Final = "monitoring"
