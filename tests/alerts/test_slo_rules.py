@@ -152,7 +152,10 @@ class TestRuleGenerator:
             board = json.loads((ROOT / "dashboards" / f"{stem}.json").read_text())
             titles[board["title"]] = {p["title"] for p in board["panels"]}
         for entry in entries:
-            assert entry.meaning and entry.impact and entry.promql and entry.actions
+            assert entry.meaning
+            assert entry.impact
+            assert entry.promql
+            assert entry.actions
             assert entry.traceql.startswith("{")
             assert entry.panels
             for board, panel in entry.panels:

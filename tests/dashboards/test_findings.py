@@ -85,7 +85,8 @@ class TestFinding11EnginePhases:
         titles = {p["title"] for p in _dashboards()[REQUEST_PATH]["panels"]}
         assert {"Engine phase p50", "Engine phase p95", "Engine queue time p95 by model"} <= titles
         queue = _exprs(REQUEST_PATH, "Engine queue time p95 by model")[0]
-        assert sc.ENGINE_PHASE_DURATION in queue and 'phase="queue"' in queue
+        assert sc.ENGINE_PHASE_DURATION in queue
+        assert 'phase="queue"' in queue
 
     @needs_promtool
     def test_where_the_time_to_first_token_went(self, tmp_path: Path) -> None:
