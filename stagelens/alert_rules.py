@@ -95,10 +95,10 @@ SIGNAL_KV_CACHE: Final = "kv_cache"
 SIGNAL_PREEMPTIONS: Final = "preemptions"
 
 _SLI_WORDS: Final[dict[str, str]] = {
-    sc.SLI_AVAILABILITY: "availability",
+    sc.SLI_AVAILABILITY: "Availability",
     sc.SLI_TTFT: "TTFT",
-    sc.SLI_ITL: "inter-token latency",
-    sc.SLI_GOODPUT: "goodput",
+    sc.SLI_ITL: "Inter-token latency",
+    sc.SLI_GOODPUT: "Goodput",
 }
 
 
