@@ -30,13 +30,13 @@ from stagelens.recording_rules import (
     GENERATED_TOKENS_RECORD,
     GPU_SM_ACTIVE_RECORD,
     STAGE_BUDGET_RECORD,
-    STAGE_LATENCY_RECORD,
     by,
     cost_projected_record,
     kv_hit_ratio_record,
     render_rules,
     sli_error_ratio_record,
     sli_requests_record,
+    stage_latency_record,
     ttft_p95_record,
 )
 from stagelens.slo import BurnWindow, SloConfig, duration_seconds, load_slo_config
@@ -280,7 +280,10 @@ def _serving_alerts(cfg: SloConfig) -> list[Rule]:
         _alert(
             cfg,
             ALERT_STAGE_OVER_BUDGET,
-            f"{STAGE_LATENCY_RECORD}\n> on ({stage_on})\n{STAGE_BUDGET_RECORD}",
+            (
+                f"{stage_latency_record(cfg.stage_latency_window)}\n> on ({stage_on})\n"
+                f"{STAGE_BUDGET_RECORD}"
+            ),
             cfg.stage_budget_for,
             "ticket",
             "Stage {{ $labels.stage }} p95 over its latency budget",
@@ -446,14 +449,17 @@ def _self_alerts(cfg: SloConfig) -> list[Rule]:
         _alert(
             cfg,
             ALERT_GPU_COLLECTOR_DOWN,
-            f"max by ({where}) ({sc.GPU_COLLECTOR_UP}) == 0",
+            (
+                f"max by ({where}) ({sc.GPU_COLLECTOR_UP}) == 0\nand\n"
+                f"max by ({where}) (max_over_time({sc.GPU_COLLECTOR_UP}[1d])) == 1"
+            ),
             cfg.gpu_collector_down_for,
             "ticket",
             "GPU collector on {{ $labels.instance }} cannot read NVML",
             (
                 "stagelens_gpu_collector_up has been 0 on {{ $labels.instance }} for "
-                f"{cfg.gpu_collector_down_for}: GPU panels and StagelensGPUSaturated are blind "
-                "there."
+                f"{cfg.gpu_collector_down_for}, after NVML answered there within the last day: "
+                "GPU panels and StagelensGPUSaturated are blind there."
             ),
         ),
     ]

@@ -71,9 +71,14 @@ def cost_projected_record(window: str) -> str:
 OBJECTIVE_RECORD: Final = "stagelens:slo_objective:ratio"
 SLI_PERIOD_REQUESTS_RECORD: Final = "stagelens:sli_requests:increase{period}"
 BUDGET_REMAINING_RECORD: Final = "stagelens:error_budget_remaining:ratio"
-STAGE_LATENCY_RECORD: Final = "stagelens:stage_latency_seconds:p95_rate5m"
-"""p95 of the figure each stage's budget applies to: the stage's duration, and for
-``inference`` its time to the first upstream token (decode is not the stage's to meet)."""
+
+
+def stage_latency_record(window: str) -> str:
+    """p95 of the figure each stage's budget applies to: the stage's duration, and for
+    ``inference`` its time to the first upstream token (decode is not the stage's to meet)."""
+    return f"stagelens:stage_latency_seconds:p95_rate{window}"
+
+
 STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:max"
 CONFIGURED_STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:configured"
 DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:daily"
@@ -175,10 +180,13 @@ def _period_records(cfg: SloConfig) -> list[Rule]:
 
 def _latency_records(cfg: SloConfig) -> list[Rule]:
     window = cfg.ttft_p95_window
+    stage_window = cfg.stage_latency_window
+    latency = stage_latency_record(stage_window)
     inference = "inference"
     stage_bucket = f'{sc.STAGE_DURATION}_bucket{{{sc.LABEL_STAGE}!="{inference}"}}'
     upstream = (
-        f"histogram_quantile(0.95, sum by ({by(cfg, 'le')}) (rate({sc.UPSTREAM_TTFT}_bucket[5m])))"
+        f"histogram_quantile(0.95, sum by ({by(cfg, 'le')}) "
+        f"(rate({sc.UPSTREAM_TTFT}_bucket[{stage_window}])))"
     )
     rules: list[Rule] = [
         {
@@ -189,10 +197,10 @@ def _latency_records(cfg: SloConfig) -> list[Rule]:
             ),
         },
         {
-            "record": STAGE_LATENCY_RECORD,
+            "record": latency,
             "expr": (
                 f"histogram_quantile(0.95, sum by ({by(cfg, sc.LABEL_STAGE, 'le')}) "
-                f"(rate({stage_bucket}[5m])))\nor\n"
+                f"(rate({stage_bucket}[{stage_window}])))\nor\n"
                 f'label_replace({upstream}, "{sc.LABEL_STAGE}", "{inference}", "", "")'
             ),
         },
@@ -212,7 +220,7 @@ def _latency_records(cfg: SloConfig) -> list[Rule]:
             # laid onto the same (cluster, namespace, stage) as the latency it is compared to.
             "expr": (
                 f"max by ({by(cfg, sc.LABEL_STAGE)}) ({sc.STAGE_BUDGET})\nor\n"
-                f"0 * {STAGE_LATENCY_RECORD}\n+ on ({sc.LABEL_STAGE}) group_left\n"
+                f"0 * {latency}\n+ on ({sc.LABEL_STAGE}) group_left\n"
                 f"max by ({sc.LABEL_STAGE}) ({CONFIGURED_STAGE_BUDGET_RECORD})"
             ),
         }

@@ -24,10 +24,10 @@ from stagelens.recording_rules import (
     GENERATED_TOKENS_RECORD,
     GPU_SM_ACTIVE_RECORD,
     STAGE_BUDGET_RECORD,
-    STAGE_LATENCY_RECORD,
     cost_projected_record,
     kv_hit_ratio_record,
     sli_error_ratio_record,
+    stage_latency_record,
     ttft_p95_record,
 )
 from stagelens.slo import SloConfig
@@ -172,7 +172,7 @@ def _latency_entries(cfg: SloConfig) -> list[Entry]:
             ),
             impact="Time to first token grows by that stage's overrun for every request.",
             promql=(
-                f'{STAGE_LATENCY_RECORD}{{stage="STAGE"}}',
+                f'{stage_latency_record(cfg.stage_latency_window)}{{stage="STAGE"}}',
                 f'{STAGE_BUDGET_RECORD}{{stage="STAGE"}}',
             ),
             traceql='{ span.stagelens.stage = "STAGE" && duration > 100ms }',
@@ -411,8 +411,10 @@ def _self_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_GPU_COLLECTOR_DOWN,
             meaning=(
-                f"stagelens_gpu_collector_up was 0 for {cfg.gpu_collector_down_for}: NVML did not "
-                "answer the GPU collector."
+                f"stagelens_gpu_collector_up was 0 for {cfg.gpu_collector_down_for} on a host "
+                "where NVML answered within the last day: the GPU collector lost NVML. A host "
+                "that never had a GPU (a CPU-only gateway with nvidia-ml-py installed reports 0 "
+                "from the start) never fires; nor does one whose driver never worked."
             ),
             impact="GPU panels and StagelensGPUSaturated are blind on that host.",
             promql=(f"{sc.GPU_COLLECTOR_UP} == 0",),

@@ -180,6 +180,8 @@ class SloConfig(BaseModel):
         default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS_SECONDS)
     )
     """Fallback per-stage latency budgets (the gateway exports its own as a gauge)."""
+    stage_latency_window: str = "5m"
+    """Rate window of the budgeted stage latency (p95) the stage budgets are compared with."""
     stage_budget_for: str = "15m"
     kv_hit_rate_drop: float = Field(default=0.5, gt=0, lt=1)
     """StagelensKVCacheHitRateCollapse: the 30m hit rate lost this share of its 6h baseline."""
@@ -222,6 +224,7 @@ class SloConfig(BaseModel):
         "cost_page_for",
         "cost_ticket_for",
         "stage_budget_for",
+        "stage_latency_window",
         "kv_hit_rate_for",
         "gpu_saturation_for",
         "engine_saturation_for",
