@@ -137,7 +137,7 @@ class _Panel:
             "bargauge": self._bargauge,
             "table": self._table,
         }[kind]
-        ax.set_title(self.panel["title"], fontsize=8, loc="left")
+        ax.set_title(self.panel["title"], fontsize=10, loc="left")
         ax.tick_params(labelsize=6)
         if not any(result for _, _, result in self.series):
             ax.axis("off")
@@ -180,7 +180,7 @@ class _Panel:
         unit = self.unit
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit)))
         ax.set_xlabel("minutes before now", fontsize=6)
-        ax.legend(fontsize=5, loc="upper left", ncol=2, framealpha=0.6)
+        ax.legend(fontsize=6, loc="upper left", ncol=2, framealpha=0.6)
         ax.grid(alpha=0.3)
 
     def _heatmap(self, ax: Any) -> None:
