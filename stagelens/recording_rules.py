@@ -68,6 +68,8 @@ def cost_projected_record(window: str) -> str:
     return f"stagelens:cost_budget_projected:ratio_rate{window}"
 
 
+CONTRACT_TTFT_RECORD: Final = "stagelens:ttft_slo_errors:ratio_rate5m"
+"""The contract's example record name, kept: the TTFT SLI's 5m error ratio."""
 OBJECTIVE_RECORD: Final = "stagelens:slo_objective:ratio"
 SLI_PERIOD_REQUESTS_RECORD: Final = "stagelens:sli_requests:increase{period}"
 BUDGET_REMAINING_RECORD: Final = "stagelens:error_budget_remaining:ratio"
@@ -140,6 +142,13 @@ def _sli_records(cfg: SloConfig) -> list[Rule]:
             {
                 "record": sli_error_ratio_record(window),
                 "expr": f"({errors} or 0 * {requests}) / {requests}",
+            }
+        )
+    if "5m" in cfg.burn_windows_used():
+        rules.append(
+            {
+                "record": CONTRACT_TTFT_RECORD,
+                "expr": f'{sli_error_ratio_record("5m")}{{{sc.LABEL_SLI}="{sc.SLI_TTFT}"}}',
             }
         )
     return rules
