@@ -151,14 +151,18 @@ def _latency_entries(cfg: SloConfig) -> list[Entry]:
                 "histogram_quantile(0.95, sum by (le) "
                 f'(rate({sc.TIME_TO_FIRST_TOKEN}_bucket{{model="MODEL"}}[5m])))',
             ),
-            traceql=f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+            traceql=(
+                '{ span.stagelens.stage = "inference" && span.gen_ai.request.model = "MODEL" } '
+                "| by(span.server.address) | avg(duration) > 1s"
+            ),
             panels=(
                 (SLOS, "p95 time to first token by model"),
                 (REQUEST_PATH, "TTFT distribution"),
             ),
             actions=(
-                "A bimodal heatmap (two bands) points at one slow backend: compare engines on "
-                "Engine and GPU and take the slow one out.",
+                "A bimodal heatmap (two bands) points at one slow backend: the trace query "
+                "groups the inference spans by backend (server.address); compare that engine's "
+                "queue and KV usage on Engine and GPU and take it out of the pool.",
                 "A shifted distribution is load: see the TTFT burn rate before paging anyone.",
             ),
         ),
