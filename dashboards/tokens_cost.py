@@ -48,18 +48,20 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
                     (f"sum by ({sc.LABEL_MODEL}) (rate({output}[{RATE}]))", "billed {{model}}"),
                     (f"sum by ({sc.LABEL_MODEL}) ({generated})", "generated {{model}}"),
                 ],
-                description='Billed: the gateway\'s stagelens_tokens_total{type="output"} (all '
-                "tenants). Generated: the engines' vllm:generation_tokens_total, which counts "
-                "finished requests only (aborted ones are missing there).",
+                description='Billed: the gateway\'s stagelens_tokens_total{type="output"} per '
+                "public model name (all tenants). Generated: the engines' "
+                "vllm:generation_tokens_total per vLLM model (its first served name: aliases "
+                "show under it), finished requests only (aborted ones are missing there).",
             )
         )
         .with_panel(
             timeseries_panel(
                 "Billing drift",
                 "percentunit",
-                [(f"{BILLING_DRIFT_RECORD}{{{MODEL}}}", "{{model}}")],
+                [(f"{BILLING_DRIFT_RECORD}{{{WHERE}}}", "all models")],
                 threshold_lines=((None, "red"), (-drift, "green"), (drift, "red")),
-                description="(generated - billed) / generated output tokens over 1h. Above "
+                description="(generated - billed) / generated output tokens over 1h, all models "
+                "together (one vLLM model may serve several public names). Above "
                 f"{drift:g}: tokens generated that nobody paid for (calls past the gateway); "
                 f"below -{drift:g}: billed tokens the engines' counters miss (aborted streams). "
                 "StagelensBillingDrift opens a ticket beyond either line.",

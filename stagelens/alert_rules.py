@@ -250,7 +250,7 @@ def _cost_alerts(cfg: SloConfig) -> list[Rule]:
 
 
 def _billing_alert(cfg: SloConfig) -> Rule:
-    grouping = by(cfg, sc.LABEL_MODEL)
+    grouping = by(cfg) or "instance"
     return _alert(
         cfg,
         ALERT_BILLING_DRIFT,
@@ -261,10 +261,10 @@ def _billing_alert(cfg: SloConfig) -> Rule:
         ),
         cfg.billing_drift_for,
         "ticket",
-        "Billed output tokens of {{ $labels.model }} drift from what the engines generated",
+        "Billed output tokens drift from what the engines generated",
         (
-            "Over the last hour, (generated - billed) / generated output tokens of "
-            "{{ $labels.model }} is {{ $value | humanizePercentage }} (threshold "
+            "Over the last hour, (generated - billed) / generated output tokens, all models "
+            "of the environment, is {{ $value | humanizePercentage }} (threshold "
             f"{cfg.billing_drift_threshold:g}); vllm:generation_tokens_total against "
             'stagelens_tokens_total{type="output"}.'
         ),

@@ -68,24 +68,26 @@ _SCALES: Final[dict[str, tuple[tuple[float, str], ...]]] = {
 }
 
 
-def format_value(value: float, unit: str) -> str:
-    """``value`` as Grafana shows it with ``unit`` (the units the dashboards use)."""
+def format_value(value: float, unit: str, digits: int = 3) -> str:
+    """``value`` as Grafana shows it with ``unit`` (the units the dashboards use), to
+    ``digits`` significant digits."""
     if math.isnan(value):
         return "NaN"
+    g = f".{digits}g"
     if unit == "percentunit":
-        return f"{value * 100:.3g}%"
+        return f"{value * 100:{g}}%"
     if unit == "currencyUSD":
-        return f"${value:.3g}"
+        return f"${value:{g}}"
     if unit == "watt":
-        return f"{value:.3g} W"
+        return f"{value:{g}} W"
     if unit == "reqps":
-        return f"{value:.3g} req/s"
+        return f"{value:{g}} req/s"
     if unit.startswith("suffix:"):
-        return f"{value:.3g}{unit[len('suffix:') :]}"
+        return f"{value:{g}}{unit[len('suffix:') :]}"
     for factor, name in _SCALES.get(unit, ()):
         if abs(value) >= factor or factor == _SCALES[unit][-1][0]:
-            return f"{value / factor:.3g} {name}"
-    return f"{value:.3g}"
+            return f"{value / factor:{g}} {name}"
+    return f"{value:{g}}"
 
 
 def _color(value: float, steps: list[dict[str, Any]]) -> str:
@@ -178,7 +180,7 @@ class _Panel:
                     color=_color(step["value"], self.steps),
                 )
         unit = self.unit
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: format_value(v, unit, 5)))
         ax.set_xlabel("minutes before now", fontsize=6)
         ax.legend(fontsize=6, loc="upper left", ncol=2, framealpha=0.6)
         ax.grid(alpha=0.3)

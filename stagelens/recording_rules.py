@@ -96,8 +96,9 @@ BILLING_WINDOW: Final = "1h"
 BILLED_TOKENS_RECORD: Final = f"stagelens:billed_output_tokens:rate{BILLING_WINDOW}"
 GENERATED_TOKENS_RECORD: Final = f"stagelens:generated_output_tokens:rate{BILLING_WINDOW}"
 BILLING_DRIFT_RECORD: Final = f"stagelens:billing_drift:ratio_rate{BILLING_WINDOW}"
-"""(generated - billed) / generated output tokens per model: > 0 means tokens the engines
-generated that nobody was billed for (aborted streams, calls that bypassed the gateway)."""
+"""(generated - billed) / generated output tokens per (cluster, namespace): > 0 means tokens
+the engines generated that nobody was billed for (calls that bypassed the gateway); < 0
+billed tokens vLLM's counter lacks (it counts finished requests, not aborted ones)."""
 
 
 def kv_queries_record(window: str) -> str:
@@ -325,7 +326,6 @@ def _engine_records(cfg: SloConfig) -> list[Rule]:
         )
     )
     dcgm = f'label_replace({sc.DCGM_SM_ACTIVE}, "{sc.LABEL_UUID}", "$1", "{sc.DCGM_UUID}", "(.*)")'
-    grouping = by(cfg, sc.LABEL_MODEL)
     rules += [
         {
             "record": GPU_SM_ACTIVE_RECORD,
@@ -345,29 +345,33 @@ def _engine_records(cfg: SloConfig) -> list[Rule]:
             "record": ENGINE_PREEMPTIONS_RECORD,
             "expr": _fallback(cfg, "sum", sc.ENGINE_PREEMPTIONS, sc.VLLM_PREEMPTIONS, "5m"),
         },
+    ]
+    return rules + _billing_records(cfg)
+
+
+def _billing_records(cfg: SloConfig) -> list[Rule]:
+    """Billed against generated output tokens per environment, all models together: one vLLM
+    model often serves several public names (``model_name`` is its first), so a per-model
+    comparison would read an alias's tokens as unbilled."""
+    env = by(cfg)
+    output = f'{sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    return [
         {
             "record": BILLED_TOKENS_RECORD,
-            "expr": (
-                f'sum by ({grouping}) (rate({sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
-                f"[{BILLING_WINDOW}]))"
-            ),
+            "expr": f"sum by ({env}) (rate({output}[{BILLING_WINDOW}]))",
         },
         {
             "record": GENERATED_TOKENS_RECORD,
-            "expr": (
-                f"sum by ({grouping}) "
-                f"({as_model(f'rate({sc.VLLM_GENERATION_TOKENS}[{BILLING_WINDOW}])')})"
-            ),
+            "expr": f"sum by ({env}) (rate({sc.VLLM_GENERATION_TOKENS}[{BILLING_WINDOW}]))",
         },
         {
             "record": BILLING_DRIFT_RECORD,
             "expr": (
-                f"({GENERATED_TOKENS_RECORD} - on ({grouping}) {BILLED_TOKENS_RECORD})\n"
+                f"({GENERATED_TOKENS_RECORD} - on ({env}) {BILLED_TOKENS_RECORD})\n"
                 f"/ ({GENERATED_TOKENS_RECORD} > 0)"
             ),
         },
     ]
-    return rules
 
 
 def render_rules(cfg: SloConfig) -> dict[str, Any]:

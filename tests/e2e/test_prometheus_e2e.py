@@ -577,9 +577,8 @@ class TestPrometheusEndToEnd:
         output tokens) and StagelensBillingDrift opens a ticket."""
         took = _wait_for(stack, {ar.ALERT_BILLING_DRIFT}, 120, direct_to=stack.vllm_url)
         (alert, *_) = _fast(stack.sink, ar.ALERT_BILLING_DRIFT)
-        assert alert["labels"]["model"] == "tiny"
         assert alert["labels"]["severity"] == "ticket"
-        drift = stack.prom.query('stagelens:billing_drift:ratio_rate1h{model="tiny"}')
+        drift = stack.prom.query("stagelens:billing_drift:ratio_rate1h")
         assert float(drift[0]["value"][1]) > 0.05
         print("e2e billing drift:", {k: round(v, 1) for k, v in took.items()})
 
