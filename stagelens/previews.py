@@ -289,8 +289,9 @@ def _draw_board(board: dict[str, Any], prometheus: str, start: float, end: float
         if panel["type"] == "row":
             fig.text(0.005, y + h / 2, panel["title"], fontsize=10, weight="bold", va="center")
             continue
-        # Room for the title and the axis labels inside the panel's cell.
-        ax = fig.add_axes((left + 0.02, y + h * 0.16, width - 0.025, h * 0.66))
+        # Room for the title and the axis labels (wider at the page's left edge) in the cell.
+        pad = 0.035 if pos["x"] == 0 else 0.025
+        ax = fig.add_axes((left + pad, y + h * 0.16, width - pad - 0.005, h * 0.66))
         _Panel(panel, prometheus, start, end).draw(ax)
     return fig
 
