@@ -282,10 +282,19 @@ UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
 to the first output-bearing event received from the upstream (streamed calls only). The
 inference stage's share of the time to first token; its stage budget applies to this."""
 LABEL_SLI: Final = "sli"
+"""The service level indicator a ``stagelens_sli_*`` count is for."""
 SLI_AVAILABILITY: Final = "availability"
+"""``sli`` value: every answered request; bad = 5xx (503, 504 included) or a stream that
+failed after its 200 headers; a client gone before the answer completed is not counted."""
 SLI_TTFT: Final = "ttft"
+"""``sli`` value: streamed completions not answered 4xx; bad = time to first token above
+the TTFT threshold, or no first token because the request failed."""
 SLI_ITL: Final = "itl"
+"""``sli`` value: streamed requests with at least 2 output events; bad = mean inter-token
+latency above the ITL threshold, or the stream failed after its first token."""
 SLI_GOODPUT: Final = "goodput"
+"""``sli`` value: the requests of ``ttft``; good only when both the TTFT and the ITL
+objective were met."""
 
 LABEL_STAGE: Final = "stage"
 """Stage label (canonical or user stage name)."""

@@ -108,6 +108,9 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         sc.REJECTIONS, "counter", "requests", (sc.LABEL_STAGE, sc.LABEL_MODEL, sc.LABEL_CODE), _GW
     ),
+    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
         sc.TOKENS, "counter", "tokens", (sc.LABEL_MODEL, sc.LABEL_TENANT, sc.LABEL_TYPE), _GW
     ),
@@ -338,6 +341,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "PHASE_": sc.LABEL_PHASE,
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
+    "SLI_": sc.LABEL_SLI,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,
     "TENANT_": sc.LABEL_TENANT,
     "MODEL_": sc.LABEL_MODEL,

@@ -96,7 +96,7 @@ def label_constants() -> dict[str, str]:
 
 def value_constants() -> dict[str, tuple[str, str]]:
     """Constants naming a fixed label or attribute value: name -> (key, value)."""
-    keys = set(attribute_constants()) | set(label_constants())
+    keys = set(attribute_constants()) | set(label_constants()) | set(metric_constants())
     found: dict[str, tuple[str, str]] = {}
     for name, value in constants().items():
         for prefix, key in spec.VALUE_PREFIXES.items():
