@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
+from stagelens._instruments import PhaseTimes, RequestRecord
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -352,17 +353,18 @@ class _RequestTracker:
             first_token_at - state.started_at if first_token_at is not None and code < 400 else None
         )
         try:
+            phases = state.phases
             telemetry.instruments.submit(
-                (
-                    model,
-                    code_label,
-                    end - state.started_at,
-                    ttft,
-                    self._inter_token_gaps(),
-                    state.stage_times,
-                    state.phases,
-                    state.rejected_by if code >= 400 else None,
-                    state.billing,
+                RequestRecord(
+                    model=model,
+                    code=code_label,
+                    duration=end - state.started_at,
+                    ttft=ttft,
+                    gaps=self._inter_token_gaps(),
+                    stages=state.stage_times,
+                    phases=PhaseTimes(phases) if phases else None,
+                    rejected_by=state.rejected_by if code >= 400 else None,
+                    billing=state.billing,
                 )
             )
         except Exception as exc:

@@ -229,6 +229,9 @@ OTEL_GPU_COLLECTOR_UP: Final = "stagelens.gpu.collector.up"
 """OTel gauge, unit ``1``: 1 when NVML answered on the last collection, else 0."""
 COMPONENT_NVML: Final = "nvml"
 """``component`` label value: an unexpected (non-NVML) failure while reading the GPUs."""
+COMPONENT_METRICS: Final = "metrics"
+"""``component`` label value: a finished request's figures could not be recorded in the
+gateway series (one count per bad record; the rest of its batch is recorded)."""
 REJECTIONS: Final = "stagelens_rejections_total"
 """Counter {stage, model, code}: requests answered with an error by the stage that rejected
 them (401/429 at the gateway, 404 at the router, 400 at the tokenizer, ...)."""
