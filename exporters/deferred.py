@@ -37,6 +37,7 @@ from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -281,7 +282,12 @@ class RecordedSpan(trace.Span):
         return self._status
 
     def readable(self, resource: Resource) -> ReadableSpan:
-        """The SDK's view of this span, for exporters that take ``ReadableSpan``."""
+        """The SDK's view of this span, for exporters that take ``ReadableSpan``.
+
+        Attributes (the span's and its events') are cleaned as the SDK's span cleans them
+        when they are set (``BoundedAttributes``: sequences become tuples, values of other
+        types are dropped), here in the worker, so an exporter sees what the SDK gives it.
+        """
         parent = (
             SpanContext(self._trace_id, self._parent_id, self._parent_remote, _SAMPLED)
             if self._parent_id is not None
@@ -292,8 +298,11 @@ class RecordedSpan(trace.Span):
             context=self.get_span_context(),
             parent=parent,
             resource=resource,
-            attributes=self._attributes,
-            events=[Event(name, attrs, ts) for name, attrs, ts in self.events],
+            attributes=BoundedAttributes(MAX_ATTRIBUTES, self._attributes),
+            events=[
+                Event(name, BoundedAttributes(MAX_ATTRIBUTES, attrs), ts)
+                for name, attrs, ts in self.events
+            ],
             links=list(self.links),
             kind=self._kind,
             instrumentation_scope=self._scope,
