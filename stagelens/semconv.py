@@ -77,6 +77,23 @@ SERVER_PORT: Final = "server.port"
 """Port of the upstream server."""
 ERROR_TYPE: Final = "error.type"
 """Exception class name or HTTP status code on failure."""
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+"""Root span: the request's method when known (``HTTP_KNOWN_METHODS``), else ``_OTHER``."""
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+"""Root span: the method as the client sent it, set only when it was not a known one."""
+HTTP_METHOD_OTHER: Final = "_OTHER"
+"""``http.request.method`` of a request whose method is not known: a client's made-up
+method never becomes a new attribute value."""
+HTTP_SPAN_NAME_OTHER: Final = "HTTP"
+"""Root span name (``HTTP`` or ``HTTP {route}``) for a method that is not known: a junk
+method never becomes a new span name (HTTP semconv)."""
+HTTP_KNOWN_METHODS: Final = frozenset(
+    ("CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+)
+"""The methods known by default (RFC 9110 and PATCH, as HTTP semconv defines them; case
+matters). ``OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS`` (comma-separated) replaces them."""
+ENV_HTTP_KNOWN_METHODS: Final = "OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS"
+"""Environment variable overriding ``HTTP_KNOWN_METHODS`` (a full replacement)."""
 
 GEN_AI_PROVIDER_VLLM: Final = "vllm"
 """Value of ``gen_ai.provider.name`` for vLLM."""
