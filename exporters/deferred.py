@@ -40,8 +40,9 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import Decision, Sampler, _get_from_env_or_default
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -54,6 +55,8 @@ from opentelemetry.trace import (
     TraceState,
 )
 from opentelemetry.util.types import Attributes, AttributeValue
+
+from stagelens import _compat
 
 logger = logging.getLogger("stagelens")
 
@@ -413,7 +416,7 @@ class DeferredTracerProvider(trace.TracerProvider):
         schedule_delay_seconds: float = 1.0,
     ) -> None:
         self.resource = resource if resource is not None else Resource.create({})
-        self.sampler = sampler if sampler is not None else _get_from_env_or_default()
+        self.sampler = sampler if sampler is not None else _sampler_from_env()
         self._exporters = list(exporters)
         self._sinks = [_sink_for(e, self.resource) for e in self._exporters]
         self._count = count_dropped
@@ -546,6 +549,12 @@ class DeferredTracerProvider(trace.TracerProvider):
                 logger.warning("stagelens: span exporter shutdown failed: %r", exc)
 
 
+def _sampler_from_env() -> Sampler:
+    """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names, as the SDK's provider picks it (read
+    through a throwaway SDK provider: the SDK's own reader is private)."""
+    return SdkTracerProvider(shutdown_on_exit=False).sampler
+
+
 def _restart(ref: weakref.ref[DeferredTracerProvider]) -> None:
     """In a forked child (a pre-fork server's worker): the parent's thread is gone."""
     provider = ref()
@@ -561,9 +570,7 @@ def _restart(ref: weakref.ref[DeferredTracerProvider]) -> None:
 
 def _sink_for(exporter: SpanExporter, resource: Resource) -> Sink:
     """Encode straight to OTLP protobuf for the SDK's OTLP/HTTP exporter; SDK spans else."""
-    from stagelens.exporters.otlp_encode import http_client_of
-
-    client = http_client_of(exporter)
+    client = _compat.otlp_http_span_client(exporter)
     if client is not None:
         from stagelens.exporters.otlp_encode import encode_request
 

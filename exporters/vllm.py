@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
-from opentelemetry.metrics import MeterProvider, _Gauge
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.metrics.export import (
@@ -45,6 +45,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from stagelens import semconv as sc
+from stagelens._compat import SyncGauge, metric_exporter_preferences
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.config import env_flag
 from stagelens.engine_stats import (
@@ -223,13 +224,13 @@ class OtelEngineMetrics:
         self.hits = meter.create_counter(
             sc.OTEL_KV_CACHE_HITS, sc.UNIT_TOKEN, "Prompt tokens found in the prefix cache."
         )
-        self.usage: _Gauge = meter.create_gauge(
+        self.usage: SyncGauge = meter.create_gauge(
             sc.OTEL_KV_CACHE_USAGE, sc.UNIT_RATIO, "KV-cache blocks in use, 0-1."
         )
-        self.running: _Gauge = meter.create_gauge(
+        self.running: SyncGauge = meter.create_gauge(
             sc.OTEL_ENGINE_REQUESTS_RUNNING, sc.UNIT_REQUEST, "Requests the engine is running."
         )
-        self.waiting: _Gauge = meter.create_gauge(
+        self.waiting: SyncGauge = meter.create_gauge(
             sc.OTEL_ENGINE_REQUESTS_WAITING,
             sc.UNIT_REQUEST,
             "Requests waiting in the engine queue.",
@@ -339,10 +340,8 @@ class _CountingMetricExporter(MetricExporter):
     def __init__(
         self, wrapped: MetricExporter, on_failure: Callable[[BaseException | None], None]
     ) -> None:
-        super().__init__(
-            preferred_temporality=wrapped._preferred_temporality,
-            preferred_aggregation=wrapped._preferred_aggregation,
-        )
+        temporality, aggregation = metric_exporter_preferences(wrapped)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._wrapped = wrapped
         self._on_failure = on_failure
 
@@ -428,7 +427,7 @@ class OtlpMetricsPipeline:
         on_failure: Callable[[BaseException | None], None],
         exporter: MetricExporter | None = None,
     ) -> None:
-        _quiet("opentelemetry.sdk.metrics._internal.export")
+        _quiet(PeriodicExportingMetricReader.__module__)
         self.reader = PeriodicExportingMetricReader(
             _CountingMetricExporter(exporter or otlp_metric_exporter(), on_failure)
         )

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from typing import Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import values as _values
 from prometheus_client.metrics_core import Metric
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._series import BillingSeries, ChildCache, FastCounter, FastHistogram, ModelSeries
 from stagelens.buckets import (
@@ -109,7 +109,7 @@ class Instruments:
         self._fold_lock = threading.Lock()
         # In multiprocess mode the scrape reads every worker's files, which a fold in this
         # process cannot precede: each record is applied at once there.
-        self._fold_every = FOLD_EVERY if _values.ValueClass is _values.MutexValue else 1
+        self._fold_every = FOLD_EVERY if _compat.in_process_values() else 1
         self._fold_failed = False
         r = registry
         # Registered before the series, so that a collection folds, then reads them.

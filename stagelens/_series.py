@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from stagelens import _compat
 from stagelens import semconv as sc
 
 if TYPE_CHECKING:
@@ -53,31 +54,21 @@ class FastHistogram:
     increments instead of ``observe()``'s per-call checks and linear bucket scan.
 
     Why: a streamed request ends with about ten observations; through ``observe()`` they
-    were a tenth of stagelens' request-path cost. The storage used (``_upper_bounds``,
-    ``_buckets``, ``_sum``, stable since prometheus-client 0.4) works the same in
-    multiprocess mode; when a future version changes it, ``observe()`` is used instead.
-    Equivalence with ``observe()`` is tested.
+    were a tenth of stagelens' request-path cost. The storage
+    (``_compat.histogram_storage``) works the same in multiprocess mode; when a future
+    version changes it, ``observe()`` is used instead. Equivalence with ``observe()`` is
+    tested.
     """
 
     __slots__ = ("_bounds", "_buckets", "_child", "_index", "_sum")
 
     def __init__(self, child: _Child) -> None:
         self._child = child
-        bounds = getattr(child, "_upper_bounds", None)
-        buckets = getattr(child, "_buckets", None)
-        total = getattr(child, "_sum", None)
-        usable = (
-            isinstance(bounds, list)
-            and isinstance(buckets, list)
-            and len(bounds) == len(buckets)
-            and bounds
-            and bounds[-1] == float("inf")
-            and callable(getattr(total, "inc", None))
-        )
-        self._bounds: list[float] | None = bounds if usable else None
-        self._buckets: list[Any] = buckets if usable and isinstance(buckets, list) else []
-        self._sum: Any = total
-        self._index = partial(bisect_left, bounds if usable else [])
+        storage = _compat.histogram_storage(child)
+        self._bounds: list[float] | None = storage.bounds if storage is not None else None
+        self._buckets: list[Any] = storage.buckets if storage is not None else []
+        self._sum: Any = storage.total if storage is not None else None
+        self._index = partial(bisect_left, self._bounds or [])
 
     def observe(self, value: float) -> None:
         """Record one value (NaN is ignored: it lands in no bucket)."""
@@ -111,15 +102,15 @@ class FastHistogram:
 
 
 class FastCounter:
-    """One counter child, incremented through its value: skips ``inc()``'s checks.
+    """One counter child, incremented through its value (``_compat.counter_storage``;
+    ``inc()`` when that is not as tested): skips ``inc()``'s checks.
     Non-positive amounts are dropped (a counter never goes down; zero changes nothing)."""
 
     __slots__ = ("_child", "_value")
 
     def __init__(self, child: _Child) -> None:
         self._child = child
-        value = getattr(child, "_value", None)
-        self._value: Any = value if callable(getattr(value, "inc", None)) else None
+        self._value: Any = _compat.counter_storage(child)
 
     def inc(self, amount: float = 1) -> None:
         if amount > 0:

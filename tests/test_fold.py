@@ -97,7 +97,7 @@ _BAD: dict[str, dict[str, Any]] = {
     "ttft not a number": {"ttft": "x"},
     "duration not a number": {"duration": None},
     "billing too short": {"billing": ("acme", 300, 16)},
-    "cost not a number": {"billing": BillingRecord("acme", 300, 16, 128, cast(float, "x"))},
+    "cost not a number": {"billing": BillingRecord("acme", 300, 16, 128, cast("float", "x"))},
     "not a record": {},
 }
 
@@ -113,7 +113,7 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="stagelens")
     for i in range(FOLD_EVERY):
         if i == 7:
-            record = _record(**_BAD[bad]) if _BAD[bad] else cast(RequestRecord, ("m", "200"))
+            record = _record(**_BAD[bad]) if _BAD[bad] else cast("RequestRecord", ("m", "200"))
             instruments.submit(record)
         else:
             instruments.submit(_record())
