@@ -150,3 +150,30 @@ def test_bad_records_are_each_counted_and_logged_once(caplog) -> None:
     assert _value(registry, semconv.REQUESTS, model="m", code="200") == 2.0
     assert _value(registry, semconv.TELEMETRY_ERRORS, component="metrics") == 6.0
     assert sum("recording request metrics failed" in r.message for r in caplog.records) == 1
+
+
+def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> None:
+    """mypy accepts a record built right and rejects one with stage and engine-phase
+    timings swapped, or with an untyped list of timings (they have distinct types)."""
+    from pathlib import Path
+
+    from mypy import api
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code = "\n".join(
+        (
+            "from stagelens._instruments import PhaseTimes, RequestRecord, StageTimes",
+            's = StageTimes([("gateway", 0.1)])',
+            'p = PhaseTimes([("queue", 0.1)])',
+            'RequestRecord("m", "200", 1.0, None, [], stages=s, phases=p, rejected_by=None,'
+            " billing=None)",
+            'RequestRecord("m", "200", 1.0, None, [], stages=p, phases=s, rejected_by=None,'
+            " billing=None)",
+            'RequestRecord("m", "200", 1.0, None, [], [("gateway", 0.1)], None, None, None)',
+        )
+    )
+    out, _, _ = api.run(["--strict", "--follow-imports=silent", "--no-incremental", "-c", code])
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["5", "5", "6"], out
+    assert 'expected "StageTimes"' in errors[0]
+    assert 'expected "PhaseTimes | None"' in errors[1]
