@@ -14,8 +14,8 @@ import logging
 import threading
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Iterator
-from typing import Final, NamedTuple, NewType
+from collections.abc import Callable, Iterator
+from typing import Any, Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -282,29 +282,25 @@ class Instruments:
         with self._fold_lock:
             observed: defaultdict[FastHistogram, list[float]] = defaultdict(list)
             added: defaultdict[FastCounter, float] = defaultdict(float)
-            failures = 0
-            first: Exception | None = None
+            failed: list[Exception] = []
             stage = self._stage
             for _ in range(len(pending)):
                 try:
                     stage(pending.popleft(), observed, added)
                 except Exception as exc:
-                    failures += 1
-                    first = first or exc
-            for histogram, values in observed.items():
+                    failed.append(exc)
+            # Each series written on its own: one failing write loses only its series.
+            writes: list[tuple[Callable[[Any], None], Any]] = [
+                (histogram.observe_many, values) for histogram, values in observed.items()
+            ]
+            writes += [(counter.inc, amount) for counter, amount in added.items()]
+            for write, argument in writes:
                 try:
-                    histogram.observe_many(values)
+                    write(argument)
                 except Exception as exc:
-                    failures += 1
-                    first = first or exc
-            for counter, amount in added.items():
-                try:
-                    counter.inc(amount)
-                except Exception as exc:
-                    failures += 1
-                    first = first or exc
-            if first is not None:
-                self._failed(failures, first)
+                    failed.append(exc)
+            if failed:
+                self._failed(len(failed), failed[0])
 
     def _stage(
         self,

@@ -137,6 +137,33 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
     assert len(logged) == 1
 
 
+def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
+    """Should prometheus-client fail writing one series of a batch, the other series of
+    the same records are still written, and the failure is counted."""
+    from stagelens._series import FastHistogram
+
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    broken = instruments.for_model("m").ttft()
+    observe_many = FastHistogram.observe_many
+
+    def failing(self: FastHistogram, values: list[float]) -> None:
+        if self is broken:
+            raise OSError("no space left on device")
+        observe_many(self, values)
+
+    monkeypatch.setattr(FastHistogram, "observe_many", failing)
+    for _ in range(FOLD_EVERY):
+        instruments.submit(_record())
+    assert _value(registry, f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") in (None, 0.0)
+    assert _value(registry, semconv.REQUESTS, model="m", code="200") == FOLD_EVERY
+    assert _value(registry, f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * FOLD_EVERY
+    assert _value(registry, semconv.COST_USD, model="m", tenant="acme") == pytest.approx(
+        0.0004 * FOLD_EVERY
+    )
+    assert _value(registry, semconv.TELEMETRY_ERRORS, component="metrics") == 1.0
+
+
 def test_bad_records_are_each_counted_and_logged_once(caplog) -> None:
     """Every bad record is counted, in any batch; the log line is written once."""
     registry = CollectorRegistry()
