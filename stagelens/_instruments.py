@@ -15,6 +15,7 @@ import threading
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from math import fsum
 from typing import Any, Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -90,6 +91,22 @@ class RequestRecord(NamedTuple):
     rejected_by: str | None
     """The stage that answered the request with an error."""
     billing: BillingRecord | None
+
+
+_Observed = defaultdict[FastHistogram, list[float]]
+"""Values to observe, per bound histogram."""
+_Added = defaultdict[FastCounter, float]
+"""Amounts to add, per bound counter."""
+
+
+def _check(observed: _Observed) -> None:
+    """Raise TypeError when a value to observe is not a number (a counter's amount already
+    failed to add up while collected), before anything is written: found later, by a
+    histogram's bisect, it would leave the batch half written. ``sum`` runs in C, a few ns
+    per value (``math.fsum``, which also refuses complex numbers, costs ten times more; a
+    complex timing is left to the writes, which lose that one series' share)."""
+    for values in observed.values():
+        sum(values, 0.0)
 
 
 FOLD_EVERY: Final = 32
@@ -269,26 +286,26 @@ class Instruments:
     def fold(self) -> None:
         """Apply every queued record to the series; never raises.
 
-        A bad record costs only itself: each record is staged into the batch whole or not
-        at all (see ``_stage``), and a failure is counted per record in
-        ``stagelens_telemetry_errors_total{component="metrics"}`` and logged once. Writing
-        the batch then touches only checked floats; should prometheus-client itself fail
-        writing one series (a full disk in multiprocess mode), that series' share of the
-        batch is lost and counted, and every other series is still written.
+        A bad record costs only itself. The batch is first collected whole (the common
+        case, and the fast one); when that fails, or a value in it is not a number, it is
+        collected again record by record, each into series of its own that join the batch
+        only when complete: a record is applied whole or not at all. Each bad record is
+        counted in ``stagelens_telemetry_errors_total{component="metrics"}`` and logged
+        once. The writes then touch only checked numbers; should prometheus-client itself
+        fail writing one series (a full disk in multiprocess mode), that series' share of
+        the batch is lost and counted, and every other series is still written.
         """
         pending = self._pending
         if not pending:
             return
         with self._fold_lock:
-            observed: defaultdict[FastHistogram, list[float]] = defaultdict(list)
-            added: defaultdict[FastCounter, float] = defaultdict(float)
+            batch = [pending.popleft() for _ in range(len(pending))]
             failed: list[Exception] = []
-            stage = self._stage
-            for _ in range(len(pending)):
-                try:
-                    stage(pending.popleft(), observed, added)
-                except Exception as exc:
-                    failed.append(exc)
+            try:
+                observed, added = self._collect(batch)
+                _check(observed)
+            except Exception:
+                observed, added = self._collect_each(batch, failed)
             # Each series written on its own: one failing write loses only its series.
             writes: list[tuple[Callable[[Any], None], Any]] = [
                 (histogram.observe_many, values) for histogram, values in observed.items()
@@ -302,56 +319,57 @@ class Instruments:
             if failed:
                 self._failed(len(failed), failed[0])
 
-    def _stage(
-        self,
-        record: RequestRecord,
-        observed: defaultdict[FastHistogram, list[float]],
-        added: defaultdict[FastCounter, float],
-    ) -> None:
-        """Add one record's observations and increments to the batch, or nothing.
+    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added]:
+        """The observations and increments of ``batch``, per bound series."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
+        for_model = self.for_model
+        for model, code, duration, ttft, gaps, stages, phases, rejected_by, billed in batch:
+            series = for_model(model)
+            request_duration, requests = series.outcome(code)
+            observed[request_duration].append(duration)
+            added[requests] += 1
+            if ttft is not None:
+                observed[series.ttft()].append(ttft)
+            if gaps:
+                observed[series.itl()] += gaps
+            stage = series.stage
+            for name, seconds in stages:
+                observed[stage(name)].append(seconds)
+            if phases:
+                phase = series.phase
+                for name, seconds in phases:
+                    observed[phase(name)].append(seconds)
+            if rejected_by is not None:
+                added[series.rejection(rejected_by, code)] += 1
+            if billed is not None:
+                tenant, input_tokens, output_tokens, cached_tokens, cost = billed
+                billing = self.billing(model, tenant)
+                added[billing.input] += input_tokens
+                added[billing.output] += output_tokens
+                added[billing.cached_input] += cached_tokens
+                added[billing.cost] += cost
+        return observed, added
 
-        Everything that can fail for a record (a malformed record, a value that is not a
-        number, prometheus-client refusing a label value while a series is bound) happens
-        before its first write to the batch; the writes are list appends and float sums.
-        """
-        model, code, duration, ttft, gaps, stages, phases, rejected_by, billed = record
-        series = self.for_model(model)
-        request_duration, requests = series.outcome(code)
-        duration = float(duration)
-        stage, phase = series.stage, series.phase
-        timed = [(stage(name), float(seconds)) for name, seconds in stages]
-        if phases:
-            timed += [(phase(name), float(seconds)) for name, seconds in phases]
-        if ttft is not None:
-            timed.append((series.ttft(), float(ttft)))
-        itl = series.itl() if gaps else None
-        checked_gaps = list(map(float, gaps)) if gaps else gaps
-        rejection = series.rejection(rejected_by, code) if rejected_by is not None else None
-        bill: tuple[BillingSeries, float, float, float, float] | None = None
-        if billed is not None:
-            tenant, input_tokens, output_tokens, cached_tokens, cost = billed
-            bill = (
-                self.billing(model, tenant),
-                float(input_tokens),
-                float(output_tokens),
-                float(cached_tokens),
-                float(cost),
-            )
-        # -- the writes: nothing below can fail --
-        observed[request_duration].append(duration)
-        added[requests] += 1
-        for histogram, seconds in timed:
-            observed[histogram].append(seconds)
-        if itl is not None:
-            observed[itl] += checked_gaps
-        if rejection is not None:
-            added[rejection] += 1
-        if bill is not None:
-            billing, input_n, output_n, cached_n, usd = bill
-            added[billing.input] += input_n
-            added[billing.output] += output_n
-            added[billing.cached_input] += cached_n
-            added[billing.cost] += usd
+    def _collect_each(
+        self, batch: list[RequestRecord], failed: list[Exception]
+    ) -> tuple[_Observed, _Added]:
+        """``_collect`` record by record, leaving out (and listing in ``failed``) each
+        record whose collection fails or holds a value that is not a number."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
+        for record in batch:
+            try:
+                mine, counts = self._collect([record])
+                _check(mine)
+            except Exception as exc:
+                failed.append(exc)
+                continue
+            for histogram, values in mine.items():
+                observed[histogram] += values
+            for counter, amount in counts.items():
+                added[counter] += amount
+        return observed, added
 
     def _failed(self, failures: int, exc: Exception) -> None:
         """Count ``failures`` and log the first ever (its type and message: no record
