@@ -15,7 +15,6 @@ import threading
 import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
-from math import fsum
 from typing import Any, Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
