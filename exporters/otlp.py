@@ -30,6 +30,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from stagelens.exporters.deferred import DeferredTracerProvider, DropCounter
 
+from stagelens._compat import metric_exporter_preferences
 from stagelens.errors import ConfigurationError, DependencyMissingError
 
 logger = logging.getLogger("stagelens")
@@ -201,10 +202,8 @@ class _CountingMetricExporter(MetricExporter):
     counts and logs once, a dead collector is one warning and a rising counter."""
 
     def __init__(self, wrapped: MetricExporter, on_failure: ExportFailed) -> None:
-        super().__init__(
-            preferred_temporality=wrapped._preferred_temporality,
-            preferred_aggregation=wrapped._preferred_aggregation,
-        )
+        temporality, aggregation = metric_exporter_preferences(wrapped)
+        super().__init__(preferred_temporality=temporality, preferred_aggregation=aggregation)
         self._wrapped = wrapped
         self._on_failure = on_failure
 
@@ -248,7 +247,7 @@ class OtlpMetricsPipeline:
         self.reader = PeriodicExportingMetricReader(
             _CountingMetricExporter(exporter or otlp_exporter("metrics"), on_failure)
         )
-        quiet_loggers("opentelemetry.sdk.metrics._internal.export")
+        quiet_loggers(PeriodicExportingMetricReader.__module__)
         # Each process exports its own cumulative series (several API servers of one vLLM
         # engine do), so each needs its own service.instance.id: recent SDKs set a random
         # one, host:pid is the fallback for older ones.

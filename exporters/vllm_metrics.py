@@ -19,11 +19,12 @@ import time
 import weakref
 from typing import Final
 
-from opentelemetry.metrics import MeterProvider, _Gauge
+from opentelemetry.metrics import MeterProvider
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from stagelens.exporters.otlp import OtlpMetricsPipeline
 
 from stagelens import semconv as sc
+from stagelens._compat import SyncGauge
 from stagelens._failures import FailureReporter
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.config import env_flag
@@ -171,13 +172,13 @@ class OtelEngineMetrics:
         self.hits = meter.create_counter(
             sc.OTEL_KV_CACHE_HITS, sc.UNIT_TOKEN, "Prompt tokens found in the prefix cache."
         )
-        self.usage: _Gauge = meter.create_gauge(
+        self.usage: SyncGauge = meter.create_gauge(
             sc.OTEL_KV_CACHE_USAGE, sc.UNIT_RATIO, "KV-cache blocks in use, 0-1."
         )
-        self.running: _Gauge = meter.create_gauge(
+        self.running: SyncGauge = meter.create_gauge(
             sc.OTEL_ENGINE_REQUESTS_RUNNING, sc.UNIT_REQUEST, "Requests the engine is running."
         )
-        self.waiting: _Gauge = meter.create_gauge(
+        self.waiting: SyncGauge = meter.create_gauge(
             sc.OTEL_ENGINE_REQUESTS_WAITING,
             sc.UNIT_REQUEST,
             "Requests waiting in the engine queue.",

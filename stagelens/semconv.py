@@ -84,10 +84,25 @@ SERVER_PORT: Final = "server.port"
 """Port of the server (the gateway's on the root span, the upstream's on the inference span)."""
 ERROR_TYPE: Final = "error.type"
 """Exception class name or HTTP status code on failure."""
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+"""Root span: the request's method when known (``HTTP_KNOWN_METHODS``), else ``_OTHER``."""
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+"""Root span: the method as the client sent it, set only when it was not a known one."""
+HTTP_METHOD_OTHER: Final = "_OTHER"
+"""``http.request.method`` of a request whose method is not known: a client's made-up
+method never becomes a new attribute value."""
+HTTP_SPAN_NAME_OTHER: Final = "HTTP"
+"""Root span name (``HTTP`` or ``HTTP {route}``) for a method that is not known: a junk
+method never becomes a new span name (HTTP semconv)."""
+HTTP_KNOWN_METHODS: Final = frozenset(
+    ("CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+)
+"""The methods known by default (RFC 9110 and PATCH, as HTTP semconv defines them; case
+matters). ``OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS`` (comma-separated) replaces them."""
+ENV_HTTP_KNOWN_METHODS: Final = "OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS"
+"""Environment variable overriding ``HTTP_KNOWN_METHODS`` (a full replacement)."""
 
 # HTTP semantic conventions on the gateway's root (SERVER) span.
-HTTP_REQUEST_METHOD: Final = "http.request.method"
-"""HTTP method of the request as received."""
 HTTP_ROUTE: Final = "http.route"
 """The matched route template (e.g. ``/v1/chat/completions``), when the framework names one."""
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
@@ -265,7 +280,8 @@ COMPONENT_RESPONSE_HOOK: Final = "response_hook"
 COMPONENT_BILLING: Final = "billing"
 """``component`` label value: billing a finished request failed."""
 COMPONENT_METRICS: Final = "metrics"
-"""``component`` label value: recording a finished request's metrics failed."""
+"""``component`` label value: a finished request's figures could not be recorded in the
+gateway series (one count per bad record; the rest of its batch is recorded)."""
 REJECTIONS: Final = "stagelens_rejections_total"
 """Counter {stage, model, code}: requests answered with an error by the stage that rejected
 them (401/429 at the gateway, 404 at the router, 400 at the tokenizer, ...)."""

@@ -236,6 +236,7 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.SERVER_PORT, "int"),
     AttributeSpec(sc.ERROR_TYPE, "string"),
     AttributeSpec(sc.HTTP_REQUEST_METHOD, "string"),
+    AttributeSpec(sc.HTTP_REQUEST_METHOD_ORIGINAL, "string"),
     AttributeSpec(sc.HTTP_ROUTE, "string"),
     AttributeSpec(sc.HTTP_RESPONSE_STATUS_CODE, "int"),
     AttributeSpec(sc.URL_PATH, "string"),
@@ -266,6 +267,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         "none (or the caller's span, from an incoming traceparent)",
         (
             sc.HTTP_REQUEST_METHOD,
+            sc.HTTP_REQUEST_METHOD_ORIGINAL,
             sc.URL_PATH,
             sc.URL_SCHEME,
             sc.SERVER_ADDRESS,
@@ -282,7 +284,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         ),
         _GW,
         "The request at the gateway, receipt to last byte sent (the trace's root). Named by "
-        "the method alone when the framework names no route.",
+        "the method alone when the framework names no route; a method that is not a known "
+        "one is named `HTTP` (`http.request.method` `_OTHER`).",
     ),
     SpanSpec(
         f"{{{sc.ATTR_STAGE}}}",
