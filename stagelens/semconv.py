@@ -336,6 +336,12 @@ COMPONENT_VLLM_OTLP_METRICS: Final = "vllm_otlp_metrics"
 """``component`` label value: an OTLP export of the plugin's metrics failed (collector down)."""
 COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
 """``component`` label value: the NVML collector could not be imported or registered."""
+COMPONENT_LEDGER: Final = "ledger"
+"""``component`` label value: the reference gateway's usage ledger (SQLite, PostgreSQL)
+could not be written or read; the request was served, its usage is not on record."""
+COMPONENT_RATE_LIMITER: Final = "rate_limiter"
+"""``component`` label value: the reference gateway's shared rate limiter (Redis) did not
+answer; the request was let through unlimited."""
 
 UNIT_SECONDS: Final = "s"
 """UCUM unit of durations; OTel->Prometheus adds ``_seconds``."""

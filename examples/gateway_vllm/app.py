@@ -10,7 +10,6 @@ framing), ``billing``.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -22,6 +21,7 @@ from fastapi import FastAPI, Request
 from stagelens.instrumentation import Telemetry, default_telemetry
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
+from stagelens.reference.ledger import TenantUsage, open_ledger, resolve_url
 from stagelens.reference.pipeline import (
     Pool,
     Router,
@@ -31,27 +31,17 @@ from stagelens.reference.pipeline import (
     blocklist_classifier,
     check_context,
 )
-from stagelens.reference.policy import ApiKeyAuth, TokenBucketLimiter
+from stagelens.reference.policy import ApiKeyAuth
+from stagelens.reference.ratelimit import RedisTokenBucket, rate_limiter
 from stagelens.reference.schema import ChatRequest, CompletionRequest, parse
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 import stagelens
-from stagelens import PriceTable, Rejected, Stage, current_request, record_usage, stage
+from stagelens import PriceTable, Rejected, Stage, current_request, record_usage, semconv, stage
 
 REQUEST_KEY = "stagelens.reference.request"
 TENANT_KEY = "stagelens.reference.tenant"
-
-
-@dataclass
-class TenantUsage:
-    """What one tenant used, for ``GET /v1/usage``."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    cost_usd: float = 0.0
 
 
 class Gateway:
@@ -71,7 +61,9 @@ class Gateway:
         self.router = Router(pools)
         self.health = HealthChecker(self.backends, config.health_interval_seconds)
         self.safety = safety or blocklist_classifier(config.blocked_terms)
-        self.usage: dict[str, TenantUsage] = defaultdict(TenantUsage)
+        # In a database: shared by every worker and replica, kept across restarts.
+        self.ledger = open_ledger(resolve_url(config.ledger_url))
+        self.telemetry: Telemetry | None = None  # set by create_app
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_seconds, connect=5.0),
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
@@ -89,18 +81,21 @@ class Gateway:
         pool = self.router.pools.get(model)
         return self.tokenizers[pool.config.tokenizer] if pool is not None else None
 
-    def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
-        """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger."""
+    async def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
+        """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger,
+        returning once the ledger has committed it. A ledger that cannot be written does
+        not fail the request: the failure is counted
+        (``stagelens_telemetry_errors_total{component="ledger"}``) and logged once."""
         record_usage(
             input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached
         )
         cost = stagelens.bill() or 0.0
-        ledger = self.usage[tenant]
-        ledger.requests += 1
-        ledger.input_tokens += input_tokens
-        ledger.output_tokens += output_tokens
-        ledger.cached_input_tokens += cached
-        ledger.cost_usd += cost
+        usage = TenantUsage(1, input_tokens, output_tokens, cached, cost)
+        try:
+            await self.ledger.add(tenant, usage)
+        except Exception as exc:
+            if self.telemetry is not None:
+                self.telemetry.report_error(semconv.COMPONENT_LEDGER, exc)
 
 
 def _error(rejection: Rejected) -> JSONResponse:
@@ -149,14 +144,25 @@ def create_app(
     gateway = Gateway(config, safety)
     prices = PriceTable.load(config.price_table) if config.price_table is not None else None
     telemetry = _serving(telemetry, config, prices)
+    gateway.telemetry = telemetry
+    limiter = rate_limiter(
+        config.redis_url,
+        config.rate_limit_per_second,
+        config.rate_limit_burst,
+        lambda exc: telemetry.report_error(semconv.COMPONENT_RATE_LIMITER, exc),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.ledger.open()  # an unreachable database fails the start, not a request
         await gateway.health.check_once(gateway.client)
         gateway.health.start()
         yield
         await gateway.health.stop()
         await gateway.client.aclose()
+        await gateway.ledger.close()  # after the last request: its usage is committed
+        if isinstance(limiter, RedisTokenBucket):
+            await limiter.aclose()
 
     app = FastAPI(title="stagelens reference gateway", lifespan=lifespan)
     app.state.gateway = gateway
@@ -178,14 +184,20 @@ def create_app(
     @app.get("/v1/usage")
     async def usage(request: Request) -> Response:
         tenant = request.scope.get(TENANT_KEY)
-        return JSONResponse({"tenant": tenant, **asdict(gateway.usage[str(tenant)])})
+        try:
+            totals = await gateway.ledger.get(str(tenant))
+        except Exception as exc:
+            telemetry.report_error(semconv.COMPONENT_LEDGER, exc)
+            raise Rejected(
+                503, "The usage ledger is unavailable.", type="server_error", code="ledger_error"
+            ) from exc
+        return JSONResponse({"tenant": tenant, **asdict(totals)})
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"backends": {b.url: b.healthy for b in gateway.backends}}
 
     auth = ApiKeyAuth(config.api_keys)
-    limiter = TokenBucketLimiter(config.rate_limit_per_second, config.rate_limit_burst)
     stagelens.instrument_app(
         app,
         telemetry=telemetry,
@@ -416,7 +428,7 @@ async def _finish_json(
         payload.pop("metrics", None)
     usage = payload.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
-    gateway.bill(
+    await gateway.bill(
         tenant,
         int(usage.get("prompt_tokens", prompt_tokens)),
         int(usage.get("completion_tokens", 0)),
@@ -570,30 +582,44 @@ async def _relay(
         yield b"data: [DONE]\n\n"
     finally:
         # Shielded: when the client goes away this runs inside a cancelled scope, and the
-        # close must still reach the engine (closing the connection aborts the generation).
+        # close must still reach the engine (closing the connection aborts the generation),
+        # and the usage the ledger.
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
-        lease.release()
-        if usage is not None:
-            details = usage.get("prompt_tokens_details") or {}
-            gateway.bill(
-                tenant,
-                int(usage.get("prompt_tokens", prompt_tokens)),
-                int(usage.get("completion_tokens", 0)),
-                int(details.get("cached_tokens") or 0),
-            )
+            lease.release()
+            await _bill_stream(gateway, req, tenant, prompt_tokens, usage, counted, pieces)
+
+
+async def _bill_stream(
+    gateway: Gateway,
+    req: Any,
+    tenant: str,
+    prompt_tokens: int,
+    usage: dict[str, Any] | None,
+    counted: _Counted,
+    pieces: list[str],
+) -> None:
+    """Bill a stream with vLLM's usage, or, cut short before it, with what was received."""
+    if usage is not None:
+        details = usage.get("prompt_tokens_details") or {}
+        await gateway.bill(
+            tenant,
+            int(usage.get("prompt_tokens", prompt_tokens)),
+            int(usage.get("completion_tokens", 0)),
+            int(details.get("cached_tokens") or 0),
+        )
+    else:
+        # Cut short before the engine's usage: bill the token ids vLLM listed in the
+        # events received (exact); an engine without ``return_token_ids`` falls back
+        # to the tokenizer stage's prompt count and the generated text re-tokenized,
+        # which can differ by a few tokens. Cached prompt tokens are unknown without
+        # the engine's usage and billed as 0 (full input price), which can only
+        # overcharge by the cache discount.
+        if counted.exact:
+            output = counted.output
         else:
-            # Cut short before the engine's usage: bill the token ids vLLM listed in the
-            # events received (exact); an engine without ``return_token_ids`` falls back
-            # to the tokenizer stage's prompt count and the generated text re-tokenized,
-            # which can differ by a few tokens. Cached prompt tokens are unknown without
-            # the engine's usage and billed as 0 (full input price), which can only
-            # overcharge by the cache discount.
-            if counted.exact:
-                output = counted.output
-            else:
-                counter = gateway.tokenizer_for(req.model)
-                generated = "".join(pieces)
-                output = counter.count_generated(generated) if counter and generated else 0
-            prompt = counted.prompt if counted.prompt is not None else prompt_tokens
-            gateway.bill(tenant, prompt, output, 0)
+            counter = gateway.tokenizer_for(req.model)
+            generated = "".join(pieces)
+            output = counter.count_generated(generated) if counter and generated else 0
+        prompt = counted.prompt if counted.prompt is not None else prompt_tokens
+        await gateway.bill(tenant, prompt, output, 0)

@@ -62,6 +62,13 @@ class GatewayConfig(BaseModel):
     """Default safety classifier: a completion containing one of these is withheld."""
     price_table: Path | None = None
     """Price table YAML for billing (None: stagelens's documented default)."""
+    ledger_url: str | None = None
+    """Usage ledger: ``sqlite:///ABSOLUTE/PATH`` (one machine, every worker) or
+    ``postgresql://...`` (several replicas). None: ``$STAGELENS_LEDGER_URL``, else a SQLite
+    file under ``$XDG_STATE_HOME/stagelens``. See ``stagelens.reference.ledger``."""
+    redis_url: str | None = None
+    """Rate-limit buckets shared in Redis (``redis://host:6379/0``). None:
+    ``$STAGELENS_REDIS_URL``, else per-process buckets. See ``stagelens.reference.ratelimit``."""
 
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:

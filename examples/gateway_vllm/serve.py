@@ -1,0 +1,193 @@
+"""Run the reference gateway as a server of its own, with one or several worker processes.
+
+    python -m stagelens.reference.serve --config gateway.yaml --port 8080 --workers 4
+
+Why a module of its own: several workers need an app each process can build for itself
+(uvicorn's ``--factory``, reading the config from ``$STAGELENS_GATEWAY_CONFIG``), and
+Prometheus metrics that add up across them: prometheus-client's multiprocess mode, whose
+directory (``$PROMETHEUS_MULTIPROC_DIR``) must be set before any worker starts and emptied
+of the previous run's files (a restarted gateway's counters start again from zero, as
+Prometheus expects of a restart). The state requests share, the usage ledger and the rate
+limits, is in SQLite/PostgreSQL and Redis (see ``ledger`` and ``ratelimit``), never in a
+worker's memory. ``GatewayProcess`` starts and stops such a server for ``stagelens demo``
+and the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+
+import yaml
+from stagelens.reference.config import GatewayConfig
+
+from stagelens.errors import StageLensError
+
+CONFIG_ENV: Final = "STAGELENS_GATEWAY_CONFIG"
+"""Path of the YAML config every worker loads."""
+
+MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+"""prometheus-client's multiprocess directory (see ``stagelens.exporters.prometheus``)."""
+
+
+def app() -> Any:
+    """The uvicorn factory each worker calls: the config from ``$STAGELENS_GATEWAY_CONFIG``,
+    telemetry from the environment (``stagelens.configure``)."""
+    from stagelens.reference.app import create_app
+
+    from stagelens import configure
+
+    return create_app(GatewayConfig.load(os.environ[CONFIG_ENV]), telemetry=configure())
+
+
+def write_config(config: GatewayConfig, path: Path) -> Path:
+    """Write ``config`` as the YAML that :meth:`GatewayConfig.load` reads back."""
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude_none=True)))
+    return path
+
+
+def empty_multiproc_dir(path: Path) -> None:
+    """Create ``path`` or remove the metric files (``*.db``) a previous run left there."""
+    path.mkdir(parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve the gateway until SIGINT/SIGTERM (uvicorn's handling: requests in flight end)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(prog="python -m stagelens.reference.serve")
+    parser.add_argument("--config", type=Path, required=True, help="gateway YAML config")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    GatewayConfig.load(args.config)  # a bad config fails here, named, not in every worker
+    os.environ[CONFIG_ENV] = str(args.config.resolve())
+    own_dir: Path | None = None
+    if args.workers > 1:
+        configured = os.environ.get(MULTIPROC_ENV)
+        directory = Path(configured) if configured else Path(tempfile.mkdtemp(prefix="stagelens-"))
+        own_dir = None if configured else directory
+        empty_multiproc_dir(directory)
+        os.environ[MULTIPROC_ENV] = str(directory)
+    try:
+        uvicorn.run(
+            "stagelens.reference.serve:app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_level=args.log_level,
+        )
+    finally:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+    return 0
+
+
+class GatewayStartError(StageLensError, RuntimeError):
+    """Raised when the gateway process exits or does not answer in time."""
+
+
+@dataclass
+class GatewayProcess:
+    """``python -m stagelens.reference.serve`` as a child process in a process group of its
+    own (the workers included), its output in ``log_path``."""
+
+    config: Path
+    port: int
+    workers: int = 1
+    host: str = "127.0.0.1"
+    env: dict[str, str] = field(default_factory=dict)
+    log_path: Path | None = None
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _log: IO[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the gateway."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        """Start the server and wait until every worker has started (``/health`` answers)."""
+        cmd = [sys.executable, "-m", "stagelens.reference.serve", "--config", str(self.config)]
+        cmd += ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = self.log_path.open("ab")
+        self._proc = subprocess.Popen(
+            cmd,
+            env={**os.environ, **self.env},
+            stdin=subprocess.DEVNULL,
+            stdout=self._log if self._log is not None else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            process_group=0,
+        )
+        deadline = time.monotonic() + timeout
+        while not self._healthy():
+            if self._proc.poll() is not None:
+                raise GatewayStartError(f"the gateway exited with {self._proc.returncode}")
+            if time.monotonic() > deadline:
+                raise GatewayStartError(f"the gateway did not answer on {self.url}")
+            time.sleep(0.1)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM (requests in flight end, pending ledger writes are committed), then
+        SIGKILL the group after ``grace`` seconds."""
+        self._signal(signal.SIGTERM, grace)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers at once (a crash, a node lost)."""
+        self._signal(signal.SIGKILL, 30.0)
+
+    def _signal(self, signum: int, grace: float) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                # SIGTERM to the supervisor only: it stops its workers in order.
+                (os.killpg if signum == signal.SIGKILL else os.kill)(proc.pid, signum)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=grace)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # workers left behind, if any
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> GatewayProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
