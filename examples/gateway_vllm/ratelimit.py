@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Final
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 from stagelens.reference.policy import SCOPE_KEY, TokenBucketLimiter, rate_limited
 
@@ -78,12 +78,28 @@ class RedisTokenBucket:
     shared by every process given the same URL. The gateway's rate-limit hook."""
 
     def __init__(
-        self, url: str, rate: float, burst: int, on_error: ErrorReport, timeout: float = 0.5
+        self,
+        url: str,
+        rate: float,
+        burst: int,
+        on_error: ErrorReport,
+        timeout: float = 1.0,
+        connections: int = 32,
     ) -> None:
         self.rate = rate
         self.burst = burst
         self._on_error = on_error
-        self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        # A blocking pool: under a burst of requests a call waits (up to ``timeout``) for
+        # one of ``connections`` connections instead of failing at once, which would let
+        # the burst through unlimited exactly when the limit matters.
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=connections,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
+        self._redis = Redis(connection_pool=pool)
         self._take = self._redis.register_script(TAKE_SCRIPT)
 
     async def take(self, api_key: str) -> float:

@@ -33,6 +33,7 @@ from typing import IO, Any, Final
 
 import yaml
 from stagelens.reference.config import GatewayConfig
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagelens.errors import StageLensError
 
@@ -42,6 +43,9 @@ CONFIG_ENV: Final = "STAGELENS_GATEWAY_CONFIG"
 MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 """prometheus-client's multiprocess directory (see ``stagelens.exporters.prometheus``)."""
 
+READY_ENV: Final = "STAGELENS_GATEWAY_READY_DIR"
+"""When set, each worker creates a file named by its pid there once it has started."""
+
 
 def app() -> Any:
     """The uvicorn factory each worker calls: the config from ``$STAGELENS_GATEWAY_CONFIG``,
@@ -50,7 +54,28 @@ def app() -> Any:
 
     from stagelens import configure
 
-    return create_app(GatewayConfig.load(os.environ[CONFIG_ENV]), telemetry=configure())
+    gateway = create_app(GatewayConfig.load(os.environ[CONFIG_ENV]), telemetry=configure())
+    ready = os.environ.get(READY_ENV)
+    return gateway if not ready else _announcing(gateway, Path(ready))
+
+
+def _announcing(asgi: ASGIApp, ready: Path) -> ASGIApp:
+    """``asgi``, creating ``ready/<pid>`` once its start-up is complete (the first worker up
+    answers ``/health`` long before the others on a busy machine)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await asgi(scope, receive, send)
+            return
+
+        async def announce(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                (ready / str(os.getpid())).touch()
+            await send(message)
+
+        await asgi(scope, receive, announce)
+
+    return app
 
 
 def write_config(config: GatewayConfig, path: Path) -> Path:
@@ -125,22 +150,30 @@ class GatewayProcess:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 120.0) -> None:
-        """Start the server and wait until every worker has started (``/health`` answers)."""
+        """Start the server and wait until every worker has started and ``/health``
+        answers."""
         cmd = [sys.executable, "-m", "stagelens.reference.serve", "--config", str(self.config)]
         cmd += ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_path.open("ab")
+        ready = Path(tempfile.mkdtemp(prefix="stagelens-ready-"))
+        try:
+            self._start(cmd, ready, timeout)
+        finally:
+            shutil.rmtree(ready, ignore_errors=True)
+
+    def _start(self, cmd: list[str], ready: Path, timeout: float) -> None:
         self._proc = subprocess.Popen(
             cmd,
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.env, READY_ENV: str(ready)},
             stdin=subprocess.DEVNULL,
             stdout=self._log if self._log is not None else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             process_group=0,
         )
         deadline = time.monotonic() + timeout
-        while not self._healthy():
+        while len(list(ready.iterdir())) < self.workers or not self._healthy():
             if self._proc.poll() is not None:
                 raise GatewayStartError(f"the gateway exited with {self._proc.returncode}")
             if time.monotonic() > deadline:

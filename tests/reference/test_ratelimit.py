@@ -52,6 +52,27 @@ class TestSharedBucket:
 class TestSharedBucketAsync:
     """The bucket's refill and the hook, against a real Redis."""
 
+    async def test_a_burst_larger_than_the_connection_pool_is_still_limited(
+        self, redis_url
+    ) -> None:
+        """300 requests at once in one process: they queue for Redis connections (none
+        fails open), and exactly the burst passes."""
+        errors: list[BaseException] = []
+        bucket = RedisTokenBucket(redis_url, rate=0.001, burst=50, on_error=errors.append)
+        scope = {SCOPE_KEY: f"sk-{time.monotonic_ns()}"}
+
+        async def one() -> bool:
+            try:
+                await bucket(scope)
+            except Rejected:
+                return False
+            return True
+
+        passed = await asyncio.gather(*(one() for _ in range(300)))
+        await bucket.aclose()
+        assert errors == []
+        assert sum(passed) == 50
+
     async def test_refills_at_rate_after_the_burst(self, redis_url) -> None:
         """Burst 2 at 20/s: two taken, the third waits ~50 ms, taken after that wait."""
         bucket = RedisTokenBucket(redis_url, rate=20, burst=2, on_error=print)
