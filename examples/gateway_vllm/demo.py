@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +65,13 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         help="gateway YAML config (API keys, pools); default: the demo config",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway worker processes (default 1); with more, Prometheus metrics go through "
+        "a multiprocess directory the demo sets up",
+    )
     parser.add_argument("--no-traffic", action="store_true", help="skip the traffic run")
     parser.add_argument("--requests", type=int, default=48, help="requests in the traffic run")
     parser.add_argument(
@@ -105,12 +115,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
-    import uvicorn
-    from stagelens.reference import GatewayConfig, create_app, demo_config
+    from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
     from stagelens.reference.vllm_server import VllmServer, running
-
-    from stagelens import configure
 
     if not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") and not os.environ.get(
         "OTEL_TRACES_EXPORTER"
@@ -150,22 +157,11 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         f"(about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
     )
     # running() stops every server in its finally, however we leave (signal included).
-    with running(servers, timeout=900, progress=_progress("waiting for vLLM")):
-        print()
-        telemetry = configure()
-        _QuietServer = _quiet_server_class()
-        app = create_app(config, telemetry=telemetry)
-        server = _QuietServer(
-            uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-        )
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+    with (
+        running(servers, timeout=900, progress=_progress("waiting for vLLM")),
+        _gateway(args, config, logs) as gateway,
+    ):
         try:
-            while not server.started:
-                if not thread.is_alive():
-                    raise StageLensError(f"the gateway could not start on {args.host}:{args.port}")
-                time.sleep(0.05)
-            gateway = f"http://{args.host}:{args.port}"
             _say(f"gateway up on {gateway}")
             if not args.no_traffic:
                 _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
@@ -182,10 +178,57 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
                     stopping.wait(0.5)
         finally:
             _say("stopping")
-            server.should_exit = True
-            thread.join(timeout=10)
-            telemetry.shutdown()
     return 0
+
+
+@contextlib.contextmanager
+def _gateway(args: argparse.Namespace, config: Any, logs: Path) -> Iterator[str]:
+    """The gateway on ``args.host:args.port``, stopped on exit; yields its URL. One worker:
+    a uvicorn server on a thread of the demo. Several: ``stagelens.reference.serve`` as a
+    child process (uvicorn workers, the Prometheus multiprocess directory set up and emptied
+    by it), the config handed over in a file."""
+    print()
+    if args.workers > 1:
+        from stagelens.reference.serve import GatewayProcess, write_config
+
+        with tempfile.TemporaryDirectory(prefix="stagelens-demo-") as tmp:
+            process = GatewayProcess(
+                write_config(config, Path(tmp) / "gateway.yaml"),
+                args.port,
+                workers=args.workers,
+                host=args.host,
+                log_path=logs / f"gateway-{args.port}.log",
+            )
+            _say(f"starting the gateway with {args.workers} workers (log in {process.log_path})")
+            with process:
+                yield process.url
+        return
+    import uvicorn
+    from stagelens.reference import create_app
+
+    from stagelens import configure
+
+    telemetry = configure()
+    server = _quiet_server_class()(
+        uvicorn.Config(
+            create_app(config, telemetry=telemetry),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise StageLensError(f"the gateway could not start on {args.host}:{args.port}")
+            time.sleep(0.05)
+        yield f"http://{args.host}:{args.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        telemetry.shutdown()
 
 
 def _quiet_server_class() -> Any:

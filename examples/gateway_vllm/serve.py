@@ -160,6 +160,9 @@ class GatewayProcess:
         ready = Path(tempfile.mkdtemp(prefix="stagelens-ready-"))
         try:
             self._start(cmd, ready, timeout)
+        except BaseException:  # a failed start, or Ctrl-C while waiting: stop what started
+            self.kill()
+            raise
         finally:
             shutil.rmtree(ready, ignore_errors=True)
 
@@ -174,10 +177,11 @@ class GatewayProcess:
         )
         deadline = time.monotonic() + timeout
         while len(list(ready.iterdir())) < self.workers or not self._healthy():
+            where = f" (log: {self.log_path})" if self.log_path is not None else ""
             if self._proc.poll() is not None:
-                raise GatewayStartError(f"the gateway exited with {self._proc.returncode}")
+                raise GatewayStartError(f"the gateway exited with {self._proc.returncode}{where}")
             if time.monotonic() > deadline:
-                raise GatewayStartError(f"the gateway did not answer on {self.url}")
+                raise GatewayStartError(f"the gateway did not answer on {self.url}{where}")
             time.sleep(0.1)
 
     def _healthy(self) -> bool:
