@@ -12,6 +12,7 @@ import asyncio
 import zlib
 from typing import Final
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from stagelens.reference.ledger import (
     SELECT_SQL,
@@ -40,6 +41,7 @@ class PostgresLedger:
         self._pool = AsyncConnectionPool(
             url, min_size=1, max_size=max_connections, open=False, timeout=connect_timeout
         )
+        self._url = url
         self._timeout = connect_timeout
         self._opened = False
         self._opening = asyncio.Lock()
@@ -49,10 +51,15 @@ class PostgresLedger:
         async with self._opening:
             if self._opened:
                 return
-            await self._pool.open(wait=True, timeout=self._timeout)
-            async with self._pool.connection() as conn, conn.transaction():
+            # One plain connection first: a wrong URL or a database down fails the start at
+            # once with the driver's own error (the pool would retry until its timeout).
+            conn = await AsyncConnection.connect(
+                self._url, connect_timeout=max(1, round(self._timeout))
+            )
+            async with conn, conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 await conn.execute(_CREATE)
+            await self._pool.open(wait=True, timeout=self._timeout)
             self._opened = True
 
     async def _write(self, entries: list[Entry]) -> None:

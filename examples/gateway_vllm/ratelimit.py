@@ -24,7 +24,10 @@ from typing import Any, Final
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
+from stagelens.reference.ledger import redact
 from stagelens.reference.policy import SCOPE_KEY, TokenBucketLimiter, rate_limited
+
+from stagelens.errors import ConfigurationError
 
 REDIS_URL_ENV: Final = "STAGELENS_REDIS_URL"
 """Where the shared rate-limit buckets live when the gateway config names no
@@ -92,13 +95,16 @@ class RedisTokenBucket:
         # A blocking pool: under a burst of requests a call waits (up to ``timeout``) for
         # one of ``connections`` connections instead of failing at once, which would let
         # the burst through unlimited exactly when the limit matters.
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=connections,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-        )
+        try:
+            pool = BlockingConnectionPool.from_url(
+                url,
+                max_connections=connections,
+                timeout=timeout,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"redis URL {redact(url)!r}: {exc}") from None
         self._redis = Redis(connection_pool=pool)
         self._take = self._redis.register_script(TAKE_SCRIPT)
 
@@ -122,7 +128,7 @@ class RedisTokenBucket:
 
     async def aclose(self) -> None:
         """Disconnect (at shutdown)."""
-        await self._redis.aclose()
+        await self._redis.aclose(close_connection_pool=True)
 
 
 RateLimiter = TokenBucketLimiter | RedisTokenBucket

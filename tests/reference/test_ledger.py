@@ -257,3 +257,19 @@ async def _reset(url: str) -> None:
     await ledger.close()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute("DELETE FROM stagelens_usage WHERE tenant LIKE 't%'")
+
+
+class TestPostgresAsync:
+    """Start-up against a database that is not there."""
+
+    async def test_unreachable_database_fails_the_start_at_once(self, port_factory) -> None:
+        """Nothing listening: open() raises the driver's error within seconds (not after
+        the pool's retries), and the message holds no password."""
+        import psycopg
+
+        ledger = open_ledger(f"postgresql://u:hunter2@127.0.0.1:{port_factory()}/db")
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError) as info:
+            await ledger.open()
+        assert time.monotonic() - started < 5
+        assert "hunter2" not in str(info.value)

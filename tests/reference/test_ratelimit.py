@@ -14,6 +14,7 @@ from stagelens.reference.policy import SCOPE_KEY, TokenBucketLimiter
 from stagelens.reference.ratelimit import RedisTokenBucket, bucket_key, rate_limiter
 
 from stagelens import Rejected
+from stagelens.errors import ConfigurationError
 
 pytestmark = pytest.mark.anyio
 
@@ -118,6 +119,12 @@ class TestSharedBucketAsync:
         await bucket(scope)
         assert len(errors) == 2
         await bucket.aclose()
+
+    async def test_a_malformed_url_fails_at_start_without_its_password(self) -> None:
+        """A URL redis-py cannot read is a ConfigurationError; the password stays out."""
+        with pytest.raises(ConfigurationError) as info:
+            RedisTokenBucket("http://u:hunter2@h:6379/0", rate=1, burst=1, on_error=print)
+        assert "hunter2" not in str(info.value)
 
     async def test_without_a_url_the_bucket_is_per_process(self, monkeypatch) -> None:
         """No redis_url and no $STAGELENS_REDIS_URL: the in-process token bucket."""
