@@ -49,6 +49,9 @@ MULTIPROC_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
 READY_ENV: Final = "STAGELENS_GATEWAY_READY_DIR"
 """When set, each worker creates a file named by its pid there once it has started."""
 
+WORKER_HEALTHCHECK_SECONDS: Final = 60
+"""How long a worker may take to answer uvicorn's supervisor before it is replaced."""
+
 TRACES_COPY_ENV: Final = "STAGELENS_DEMO_TRACES_ENDPOINT"
 """When set, every worker also sends its spans to this OTLP/HTTP endpoint (``stagelens
 demo``'s trace receiver), beside what the ``OTEL_*`` variables name."""
@@ -160,6 +163,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             workers=args.workers,
             log_level=args.log_level,
+            # uvicorn kills a worker that does not answer its supervisor's ping within this
+            # many seconds (default 5) and starts another: a worker still importing the
+            # tokenizer stack on a busy machine is slow, not hung (seen: workers killed
+            # and restarted for minutes at load 25 on 2 cores).
+            timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
         )
     finally:
         if own_dir is not None:
@@ -211,9 +219,10 @@ class GatewayProcess:
         port = self.metrics_port or config.metrics_port
         return f"http://{config.metrics_host}:{port}/metrics"
 
-    def start(self, timeout: float = 120.0) -> None:
+    def start(self, timeout: float = 300.0) -> None:
         """Start the server and wait until every worker has started and ``/health`` and
-        ``/metrics`` answer."""
+        ``/metrics`` answer (a worker's start, tokenizers loaded, takes seconds on a quiet
+        machine and over a minute on a loaded one)."""
         cmd = [sys.executable, "-m", "stagelens.reference.serve", "--config", str(self.config)]
         cmd += ["--host", self.host, "--port", str(self.port), "--workers", str(self.workers)]
         if self.metrics_port is not None:
