@@ -252,10 +252,12 @@ async def relay(
     sequences and the safety check per choice, usage and token ids stripped unless asked
     for; a backend dying mid-stream ends the client's stream with an error event; every
     choice ended by the gateway, or the client going away, closes the upstream connection,
-    which aborts the generation; billing always runs with what was generated. The work on
-    the events is timed as the postprocess stage, not as inference."""
+    which aborts the generation; billing always runs with what was generated, committed to
+    the ledger before the client gets vLLM's usage (or, without it, the stream's end). The
+    work on the events is timed as the postprocess stage, not as inference."""
     state = _Relay(gateway, req, strip, chat)
     perf_counter = time.perf_counter
+    billed = False
     upstream_done = False  # [DONE] seen: read on to the end so the connection is reused
     buffer = b""
     try:
@@ -275,6 +277,12 @@ async def relay(
                     t0 = perf_counter()
                     out = state.event(data)
                     state.work += perf_counter() - t0
+                    if state.usage is not None and not billed:
+                        # vLLM's usage arrived: commit it before the client reads it (or,
+                        # without a usage event, the final content event held for it).
+                        billed = True
+                        with anyio.CancelScope(shield=True):
+                            await _bill_stream(gateway, req, tenant, prompt_tokens, state)
                     if out is not None:
                         yield out
                     if state.choices.all_ended:
@@ -320,7 +328,8 @@ async def relay(
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
             lease.release()
-            await _bill_stream(gateway, req, tenant, prompt_tokens, state)
+            if not billed:
+                await _bill_stream(gateway, req, tenant, prompt_tokens, state)
 
 
 def _reject_inference() -> None:
