@@ -44,7 +44,7 @@ def _count_401(metrics_url: str) -> float:
 
 
 class TestWorkers:
-    """Several workers, one set of metrics."""
+    """One or several workers, one set of metrics on the internal port."""
 
     def test_metrics_of_every_worker_add_up_and_stale_files_are_removed(
         self, tiny_model, tmp_path, port_factory
@@ -71,6 +71,23 @@ class TestWorkers:
         assert scrapes == [40.0] * 6
         assert len(pids) >= 2, pids
         assert on_api_port == 404
+
+    def test_one_worker_serves_its_metrics_on_the_internal_port(
+        self, tiny_model, tmp_path, port_factory, monkeypatch
+    ) -> None:
+        """One worker (no multiprocess directory): its 12 requests are 12 on the internal
+        metrics port, which the config names when no --metrics-port is given."""
+        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+        metrics_port = port_factory()
+        config = write_config(
+            demo_config(["http://127.0.0.1:9"], str(tiny_model), metrics_port=metrics_port),
+            tmp_path / "gateway.yaml",
+        )
+        with GatewayProcess(config, port_factory(), env=ENV) as gateway:
+            _unauthorized(gateway.url, 12)
+            scrape = _count_401(gateway.metrics_url)
+        assert gateway.metrics_url == f"http://127.0.0.1:{metrics_port}/metrics"
+        assert scrape == 12.0
 
 
 class TestDemo:
