@@ -18,7 +18,7 @@ import statistics
 import time
 
 from prometheus_client import CollectorRegistry
-from stagelens.exporters.vllm import StageLensStatLogger
+from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
 from vllm.v1.metrics.stats import (
     FinishedRequestStats,
     IterationStats,

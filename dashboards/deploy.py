@@ -1,9 +1,10 @@
-"""Kubernetes and Grafana provisioning manifests generated from the same rules and dashboards.
+"""Kubernetes and Grafana provisioning manifests generated from the same config as the rules.
 
 Why generated: kube-prometheus-stack picks rules up from a PrometheusRule and dashboards from
 ConfigMaps labelled ``grafana_dashboard: "1"``; copying YAML/JSON into those wrappers by hand
-drifts. ``python -m stagelens.dashboards.deploy`` rewrites ``deploy/``; CI diffs it like the
-dashboards.
+drifts. The reference stack and its monitors (``stagelens.dashboards.k8s``) come from the
+same config. ``python -m stagelens.dashboards.deploy`` rewrites ``deploy/``; CI diffs it like
+the dashboards.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from typing import Any, Final
 
 import yaml
 from stagelens.dashboards.build import DASHBOARDS, dump_json, to_dict
+from stagelens.dashboards.k8s import monitors, stack
 
-from stagelens.alert_rules import BlockDumper, render_alerts, render_rules
+from stagelens.alert_rules import BlockDumper, render_alerts
+from stagelens.recording_rules import render_rules
 from stagelens.slo import SloConfig, load_slo_config
 
-NAMESPACE: Final = "monitoring"
 PART_OF: Final = {"app.kubernetes.io/part-of": "stagelens"}
 
 
@@ -30,28 +32,10 @@ def prometheus_rule(cfg: SloConfig) -> dict[str, Any]:
         "kind": "PrometheusRule",
         "metadata": {
             "name": "stagelens",
-            "namespace": NAMESPACE,
-            "labels": {**PART_OF, "release": "kube-prometheus-stack"},
+            "namespace": cfg.deploy.monitoring_namespace,
+            "labels": {**PART_OF, "release": cfg.deploy.release_label},
         },
         "spec": {"groups": groups},
-    }
-
-
-def service_monitor() -> dict[str, Any]:
-    """Scrapes every Service labelled part-of=stagelens on its ``metrics`` port."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": {
-            "name": "stagelens",
-            "namespace": NAMESPACE,
-            "labels": {**PART_OF, "release": "kube-prometheus-stack"},
-        },
-        "spec": {
-            "namespaceSelector": {"any": True},
-            "selector": {"matchLabels": dict(PART_OF)},
-            "endpoints": [{"port": "metrics", "path": "/metrics", "interval": "15s"}],
-        },
     }
 
 
@@ -63,7 +47,7 @@ def dashboard_config_maps(cfg: SloConfig) -> list[dict[str, Any]]:
             "kind": "ConfigMap",
             "metadata": {
                 "name": f"{stem}-dashboard",
-                "namespace": NAMESPACE,
+                "namespace": cfg.deploy.monitoring_namespace,
                 "labels": {**PART_OF, "grafana_dashboard": "1"},
             },
             "data": {f"{stem}.json": dump_json(to_dict(builder(cfg)))},
@@ -115,7 +99,8 @@ def write_all(cfg: SloConfig, out_dir: Path) -> list[Path]:
     """Write deploy/kubernetes/*.yaml and deploy/grafana/provisioning/**; returns the paths."""
     files: dict[Path, str] = {
         out_dir / "kubernetes" / "prometheusrule.yaml": _multi_doc([prometheus_rule(cfg)]),
-        out_dir / "kubernetes" / "servicemonitor.yaml": _multi_doc([service_monitor()]),
+        out_dir / "kubernetes" / "monitors.yaml": _multi_doc(monitors(cfg)),
+        out_dir / "kubernetes" / "stack.yaml": _multi_doc(stack(cfg)),
         out_dir / "kubernetes" / "dashboards-configmaps.yaml": _multi_doc(
             dashboard_config_maps(cfg)
         ),

@@ -1,8 +1,10 @@
 """House panel defaults for the stagelens dashboards (in the style of red-method's common.py).
 
-Why one module: every panel must use the ``$datasource`` variable, carry a unit and use a
-modern panel type; building them only through these helpers makes that true by construction,
-and the lint test in tests/dashboards checks the generated JSON anyway.
+Why one module: every panel must use the ``$datasource`` variable, carry a unit, use a
+modern panel type, and (stat, gauge) carry thresholds of its own: Grafana's default
+thresholds (green, red at 80) turn a healthy "requests in range" red and a breached SLI
+green. Building panels only through these helpers makes that true by construction; the
+lint test in tests/dashboards checks the generated JSON anyway.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ from typing import Final
 
 from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as common_builder
+from grafana_foundation_sdk.builders import dashboard as dashboard_builder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
+    Threshold,
+    ThresholdsMode,
 )
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
@@ -32,16 +37,49 @@ ROW_ORDER_LEGEND: Final = "row order"
 Query = tuple[str, str]
 """(PromQL expression, legend format)."""
 
+Steps = Sequence[tuple[float | None, str]]
+"""Threshold steps: (value, colour), the first value ``None`` (minus infinity)."""
+
+NEUTRAL: Final[Steps] = ((None, "text"),)
+"""One neutral colour: a count or a price is neither good nor bad."""
+
 _REF_IDS: Final = "ABCDEFGHIJKLMNOP"
 
 
-def _target(expr: str, legend: str, ref: str, *, instant: bool = False) -> prometheus.Dataquery:
+def _target(
+    expr: str, legend: str, ref: str, *, instant: bool = False, exemplar: bool = False
+) -> prometheus.Dataquery:
     query = (
         prometheus.Dataquery().expr(expr).legend_format(legend).ref_id(ref).datasource(DATASOURCE)
     )
     if instant:
         query = query.instant().format(PromQueryFormat.TABLE)
+    if exemplar:
+        query = query.exemplar(True)
     return query
+
+
+def thresholds(steps: Steps) -> dashboard_builder.ThresholdsConfig:
+    """Absolute threshold steps, in the order given."""
+    return (
+        dashboard_builder.ThresholdsConfig()
+        .mode(ThresholdsMode.ABSOLUTE)
+        .steps([Threshold(value=value, color=color) for value, color in steps])
+    )
+
+
+def good_above(limit: float) -> Steps:
+    """Red below ``limit``, green at or above it (an SLI, budget left)."""
+    return ((None, "red"), (limit, "green"))
+
+
+def bad_above(limit: float, warn: float | None = None) -> Steps:
+    """Green below ``limit`` (yellow from ``warn``), red at or above it (a burn, a spend)."""
+    steps: list[tuple[float | None, str]] = [(None, "green")]
+    if warn is not None:
+        steps.append((warn, "yellow"))
+    steps.append((limit, "red"))
+    return steps
 
 
 def timeseries_panel(
@@ -53,8 +91,17 @@ def timeseries_panel(
     stacked: bool = False,
     width: int = 12,
     height: int = 8,
+    threshold_lines: Steps | None = None,
+    unstacked_refs: Sequence[str] = (),
+    exemplars: bool = False,
 ) -> timeseries.Panel:
-    """A line chart with the house style; ``stacked`` for shares of a whole."""
+    """A line chart with the house style; ``stacked`` for shares of a whole.
+
+    ``threshold_lines`` draws the steps as dashed lines (an SLO objective, a budget);
+    ``unstacked_refs`` names queries drawn as a dashed line over a stacked chart (the total
+    the stack is compared with); ``exemplars`` asks Prometheus for exemplars on every query
+    (for latency histograms that carry them).
+    """
     panel = (
         timeseries.Panel()
         .title(title)
@@ -83,15 +130,38 @@ def timeseries_panel(
     )
     if stacked:
         panel = panel.stacking(common_builder.StackingConfig().mode(common.StackingMode.NORMAL))
+    if threshold_lines is not None:
+        panel = panel.thresholds(thresholds(threshold_lines)).thresholds_style(
+            common_builder.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED)
+        )
+    for ref in unstacked_refs:
+        panel = panel.override_by_query(
+            ref,
+            [
+                DynamicConfigValue(id_val="custom.stacking", value={"mode": "none"}),
+                DynamicConfigValue(id_val="custom.fillOpacity", value=0),
+                DynamicConfigValue(id_val="custom.lineWidth", value=2),
+                DynamicConfigValue(
+                    id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]}
+                ),
+            ],
+        )
     for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
-        panel = panel.with_target(_target(expr, legend, ref))
+        panel = panel.with_target(_target(expr, legend, ref, exemplar=exemplars))
     return panel
 
 
 def stat_panel(
-    title: str, unit: str, queries: Sequence[Query], *, description: str = "", width: int = 6
+    title: str,
+    unit: str,
+    queries: Sequence[Query],
+    *,
+    steps: Steps,
+    description: str = "",
+    width: int = 6,
+    decimals: int | None = None,
 ) -> stat.Panel:
-    """A single-number panel showing the last value."""
+    """The value of instant queries (one per series), coloured by ``steps``."""
     panel = (
         stat.Panel()
         .title(title)
@@ -100,17 +170,29 @@ def stat_panel(
         .unit(unit)
         .span(width)
         .height(6)
+        .thresholds(thresholds(steps))
+        .color_mode(common.BigValueColorMode.VALUE)
+        .graph_mode(common.BigValueGraphMode.NONE)
         .reduce_options(common_builder.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
+    if decimals is not None:
+        panel = panel.decimals(decimals)
     for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
-        panel = panel.with_target(_target(expr, legend, ref))
+        panel = panel.with_target(_target(expr, legend, ref, instant=True))
     return panel
 
 
 def bargauge_panel(
-    title: str, unit: str, queries: Sequence[Query], *, description: str = "", width: int = 12
+    title: str,
+    unit: str,
+    queries: Sequence[Query],
+    *,
+    steps: Steps,
+    maximum: float,
+    description: str = "",
+    width: int = 12,
 ) -> bargauge.Panel:
-    """Horizontal bars, e.g. spend against budget per tenant."""
+    """Horizontal bars from 0 to ``maximum`` (spend against its cap), coloured by ``steps``."""
     panel = (
         bargauge.Panel()
         .title(title)
@@ -120,15 +202,19 @@ def bargauge_panel(
         .span(width)
         .height(8)
         .min(0)
+        .max(maximum)
+        .thresholds(thresholds(steps))
         .display_mode(common.BarGaugeDisplayMode.GRADIENT)
         .reduce_options(common_builder.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
     )
     for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
-        panel = panel.with_target(_target(expr, legend, ref))
+        panel = panel.with_target(_target(expr, legend, ref, instant=True))
     return panel
 
 
-def heatmap_panel(title: str, unit: str, expr: str, *, description: str = "") -> heatmap.Panel:
+def heatmap_panel(
+    title: str, unit: str, expr: str, *, description: str = "", exemplars: bool = False
+) -> heatmap.Panel:
     """A heatmap of pre-bucketed Prometheus histogram increases."""
     return (
         heatmap.Panel()
@@ -146,6 +232,7 @@ def heatmap_panel(title: str, unit: str, expr: str, *, description: str = "") ->
             .legend_format("{{le}}")
             .ref_id("A")
             .format(PromQueryFormat.HEATMAP)
+            .exemplar(exemplars)
             .datasource(DATASOURCE)
         )
     )

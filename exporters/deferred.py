@@ -37,10 +37,12 @@ from typing import Any, Final
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.sampling import Decision, Sampler, _get_from_env_or_default
+from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     Link,
@@ -54,7 +56,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.util.types import Attributes, AttributeValue
 
-from stagelens import semconv
+from stagelens import _compat, semconv
 
 logger = logging.getLogger("stagelens")
 
@@ -283,7 +285,12 @@ class RecordedSpan(trace.Span):
         return self._status
 
     def readable(self, resource: Resource) -> ReadableSpan:
-        """The SDK's view of this span, for exporters that take ``ReadableSpan``."""
+        """The SDK's view of this span, for exporters that take ``ReadableSpan``.
+
+        Attributes (the span's and its events') are cleaned as the SDK's span cleans them
+        when they are set (``BoundedAttributes``: sequences become tuples, values of other
+        types are dropped), here in the worker, so an exporter sees what the SDK gives it.
+        """
         parent = (
             SpanContext(self._trace_id, self._parent_id, self._parent_remote, _SAMPLED)
             if self._parent_id is not None
@@ -294,8 +301,11 @@ class RecordedSpan(trace.Span):
             context=self.get_span_context(),
             parent=parent,
             resource=resource,
-            attributes=self._attributes,
-            events=[Event(name, attrs, ts) for name, attrs, ts in self.events],
+            attributes=BoundedAttributes(MAX_ATTRIBUTES, self._attributes),
+            events=[
+                Event(name, BoundedAttributes(MAX_ATTRIBUTES, attrs), ts)
+                for name, attrs, ts in self.events
+            ],
             links=list(self.links),
             kind=self._kind,
             instrumentation_scope=self._scope,
@@ -406,7 +416,7 @@ class DeferredTracerProvider(trace.TracerProvider):
         schedule_delay_seconds: float = 1.0,
     ) -> None:
         self.resource = resource if resource is not None else Resource.create({})
-        self.sampler = sampler if sampler is not None else _get_from_env_or_default()
+        self.sampler = sampler if sampler is not None else _sampler_from_env()
         self._exporters = list(exporters)
         self._sinks = [_sink_for(e, self.resource) for e in self._exporters]
         self._count = count_dropped
@@ -539,6 +549,12 @@ class DeferredTracerProvider(trace.TracerProvider):
                 logger.warning("stagelens: span exporter shutdown failed: %r", exc)
 
 
+def _sampler_from_env() -> Sampler:
+    """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names, as the SDK's provider picks it (read
+    through a throwaway SDK provider: the SDK's own reader is private)."""
+    return SdkTracerProvider(shutdown_on_exit=False).sampler
+
+
 def _restart(ref: weakref.ref[DeferredTracerProvider]) -> None:
     """In a forked child (a pre-fork server's worker): the parent's thread is gone."""
     provider = ref()
@@ -554,9 +570,7 @@ def _restart(ref: weakref.ref[DeferredTracerProvider]) -> None:
 
 def _sink_for(exporter: SpanExporter, resource: Resource) -> Sink:
     """Encode straight to OTLP protobuf for the SDK's OTLP/HTTP exporter; SDK spans else."""
-    from stagelens.exporters.otlp_encode import http_client_of
-
-    client = http_client_of(exporter)
+    client = _compat.otlp_http_span_client(exporter)
     if client is not None:
         from stagelens.exporters.otlp_encode import encode_request
 

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
@@ -43,31 +42,6 @@ _FLAGS_REMOTE: Final = b"\x85\x01" + _fixed32(0x300)
 _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status = 15, an empty Status
 _CACHE_LIMIT: Final = 4096
 _cached_pairs: dict[tuple[str, str, bytes], bytes] = {}
-
-
-class _Result(Protocol):
-    success: bool
-
-
-class HttpClient(Protocol):
-    """What the SDK's OTLP/HTTP exporter sends bytes with (its ``_client``)."""
-
-    def export(self, data: bytes) -> _Result: ...
-
-
-def http_client_of(exporter: SpanExporter) -> HttpClient | None:
-    """The byte-sending client inside the SDK's OTLP/HTTP span exporter, if this is one.
-
-    It is a private attribute: when a future SDK moves it, None sends the batch down the
-    slower, public ``export(ReadableSpan)`` path instead of failing."""
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError:
-        return None
-    if type(exporter) is not OTLPSpanExporter:  # a subclass may override export()
-        return None
-    client = getattr(exporter, "_client", None)
-    return client if callable(getattr(client, "export", None)) else None
 
 
 def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:

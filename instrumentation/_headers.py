@@ -84,7 +84,7 @@ pair (W3C trace context, then W3C baggage); None otherwise."""
 def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
     if type(textmap) is not CompositePropagator:
         return None
-    pair = _compat.composite_propagators(textmap)
+    pair = _compat.composite_parts(textmap)
     if (
         pair is not None
         and len(pair) == 2

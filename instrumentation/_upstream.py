@@ -192,9 +192,9 @@ class _UpstreamCall(EventReader):
         return self.release()
 
     def _report(self, component: str, exc: BaseException) -> None:
-        """Count a failure to read; logged once, by type only (messages can quote the
-        prompt or the completion)."""
-        self.telemetry.report_error(component, _Unreadable(exc))
+        """Count a failure to read; logged once, by type only (``report_error`` never logs
+        a message: it can quote the prompt or the completion)."""
+        self.telemetry.report_error(component, exc)
 
     # -- end -----------------------------------------------------------------------------
     def finish(self, error: BaseException | None = None) -> None:
@@ -388,14 +388,6 @@ class _UpstreamCall(EventReader):
             if isinstance(c, dict)
         ]
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
-
-
-class _Unreadable(Exception):
-    """What is logged for an upstream answer that could not be read: the exception's type
-    alone (its message can quote the prompt or the completion)."""
-
-    def __init__(self, exc: BaseException) -> None:
-        super().__init__(f"{type(exc).__qualname__} (message withheld)")
 
 
 def _is_failure(error: BaseException) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -32,6 +33,7 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
+from stagelens._instruments import OutcomeRecord, PhaseTimes, RequestRecord
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -123,6 +125,8 @@ class StageLensMiddleware:
         self.response_hook = response_hook
         self.metrics_path = metrics_path
         self._excluded = frozenset(telemetry.settings.excluded_paths)
+        self.known_methods = known_http_methods()
+        """Methods a root span may be named by; any other is ``_OTHER`` (HTTP semconv)."""
         self._metrics_app: ASGIApp | None = None
         if metrics_path is not None:
             self._metrics_app = telemetry.metrics_app()
@@ -183,9 +187,13 @@ class _RequestTracker:
         mw, scope = self._mw, self._scope
         telemetry = mw.telemetry
         method = scope.get("method", "GET")
+        known = method in mw.known_methods
         parent = _extract(scope)
         root = telemetry.tracer.start_span(
-            method, context=parent, kind=SpanKind.SERVER, attributes=_server_attributes(scope)
+            method if known else sc.HTTP_SPAN_NAME_OTHER,
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=_server_attributes(scope, method, known),
         )
         state = RequestState(telemetry, root)
         self._state = state
@@ -340,9 +348,9 @@ class _RequestTracker:
             else []
         )
         settings = telemetry.settings
-        outcome = (
-            inference.upstream_ttft if inference is not None else None,
-            _outcome.sli_verdicts(
+        outcome = OutcomeRecord(
+            upstream_ttft=inference.upstream_ttft if inference is not None else None,
+            verdicts=_outcome.sli_verdicts(
                 streamed=state.streamed,
                 code=code,
                 server_failed=code >= 500 or failure is not None,
@@ -353,21 +361,22 @@ class _RequestTracker:
                 ttft_threshold=settings.ttft_slo_threshold_seconds,
                 itl_threshold=settings.itl_slo_threshold_seconds,
             ),
-            _outcome.billing_gap(state),
+            unmetered=_outcome.billing_gap(state),
         )
         try:
+            phases = state.phases
             telemetry.instruments.submit(
-                (
-                    model,
-                    code_label,
-                    end - state.started_at,
-                    ttft,
-                    gaps,
-                    state.stage_times,
-                    state.phases,
-                    state.rejected_by if code >= 400 or failure is not None else None,
-                    state.billing,
-                    outcome,
+                RequestRecord(
+                    model=model,
+                    code=code_label,
+                    duration=end - state.started_at,
+                    ttft=ttft,
+                    gaps=gaps,
+                    stages=state.stage_times,
+                    phases=PhaseTimes(phases) if phases else None,
+                    rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
+                    billing=state.billing,
+                    outcome=outcome,
                 )
             )
         except Exception as exc:
@@ -391,7 +400,10 @@ class _RequestTracker:
             route = self._scope.get("route")
             route_path = getattr(route, "path", None)
             if isinstance(route_path, str):
-                root.update_name(f"{self._scope.get('method', 'GET')} {route_path}")
+                method = self._scope.get("method", "GET")
+                if method not in self._mw.known_methods:
+                    method = sc.HTTP_SPAN_NAME_OTHER
+                root.update_name(f"{method} {route_path}")
                 root.set_attribute("http.route", route_path)
             root.set_attribute("http.response.status_code", code)
             if ttft is not None:
@@ -486,12 +498,23 @@ def _is_cancellation(error: BaseException) -> bool:
     )
 
 
-def _server_attributes(scope: Scope) -> dict[str, Any]:
+def known_http_methods() -> frozenset[str]:
+    """``OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS`` (comma-separated, case-sensitive, a full
+    replacement, as HTTP semconv requires of an instrumentation that maps methods to
+    ``_OTHER``) or semconv's default list."""
+    raw = os.environ.get(sc.ENV_HTTP_KNOWN_METHODS, "")
+    given = frozenset(m.strip() for m in raw.split(",") if m.strip())
+    return given or sc.HTTP_KNOWN_METHODS
+
+
+def _server_attributes(scope: Scope, method: str, known: bool) -> dict[str, Any]:
     attributes: dict[str, Any] = {
-        "http.request.method": scope.get("method", "GET"),
+        sc.HTTP_REQUEST_METHOD: method if known else sc.HTTP_METHOD_OTHER,
         "url.path": scope.get("path", ""),
         "url.scheme": scope.get("scheme", "http"),
     }
+    if not known:
+        attributes[sc.HTTP_REQUEST_METHOD_ORIGINAL] = method
     server = scope.get("server")
     if server:
         attributes["server.address"] = str(server[0])

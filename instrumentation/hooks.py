@@ -26,6 +26,7 @@ from opentelemetry.trace import Status, StatusCode
 from stagelens.instrumentation._suppress import instrumentation_enabled_in
 
 from stagelens import semconv as sc
+from stagelens._instruments import BillingRecord
 from stagelens.pricing import Usage
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
@@ -257,7 +258,7 @@ def bill() -> float | None:
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
         # Counted with the request's other figures when it ends (see Instruments.submit).
-        state.billing = (
+        state.billing = BillingRecord(
             tenant,
             usage.input_tokens,
             usage.output_tokens,

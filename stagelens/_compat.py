@@ -1,22 +1,196 @@
-"""Every private name of a third-party library that stagelens uses, in one place.
+"""Every private name of a third-party package that stagelens reads, in one place.
 
-Why one module: a private attribute can change in any release. Named here, each with the
-versions it was tested on, an upgrade that moves one is found by reading one file, and
-each fast path has a test (tests/test_compat.py) that asserts it is active on the
-installed versions and that its public fallback gives the same result. Where there is no
-public way at all, the fallback is stated.
+Why: a few shortcuts on the request path and in the span exporter read internals that
+their packages do not promise to keep (a histogram's bucket storage, the OTLP exporter's
+HTTP client). Each is named here once, with the version it was tested on, behind a
+function that returns None (or the public equivalent) when the internal is not as tested,
+so a future release falls back to the public API instead of failing. For each one
+``tests/test_compat.py`` asserts that the shortcut is active on the installed versions and
+that its public fallback gives the same result. ``pyproject.toml``'s lower bounds are the
+tested versions.
 
-Nothing here imports the libraries at module import: each function takes the library's
-object, or imports lazily, so that importing this module costs nothing.
+Sections are per package; a module that needs another package's internals adds its own
+section rather than reading them where it uses them.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
-# --- httpx / httpcore ---
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.propagators.textmap import TextMapPropagator
+    from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
+    from opentelemetry.sdk.metrics.view import Aggregation
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.util.types import Attributes
+
+# --- prometheus-client -------------------------------------------------------------------
+
+PROMETHEUS_CLIENT_TESTED: Final = "0.26.0"
+"""The prometheus-client release the internals below were read from and tested on."""
+
+
+_MULTIPROC_ENV: Final = ("PROMETHEUS_MULTIPROC_DIR", "prometheus_multiproc_dir")
+"""Either selects prometheus-client's multiprocess mode (the second is its old name)."""
+
+
+def in_process_values() -> bool:
+    """True when prometheus-client keeps metric values in this process, False in its
+    multiprocess mode (values in files that a scrape reads from every worker).
+
+    Private: ``prometheus_client.values.ValueClass`` (chosen once, when the package is
+    imported) compared with ``values.MutexValue``. Fallback: the environment variable that
+    selects multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, or its old lower-case name),
+    as prometheus-client reads it.
+    """
+    from prometheus_client import values
+
+    value_class = getattr(values, "ValueClass", None)
+    mutex = getattr(values, "MutexValue", None)
+    if value_class is None or mutex is None:
+        return not any(name in os.environ for name in _MULTIPROC_ENV)
+    return bool(value_class is mutex)
+
+
+class HistogramStorage(NamedTuple):
+    """Where one histogram child keeps its counts (see ``histogram_storage``)."""
+
+    bounds: list[float]
+    """The upper bounds, ``+Inf`` last."""
+    buckets: list[Any]
+    """One value per bound (not cumulative); each has ``inc(amount)``."""
+    total: Any
+    """The sum's value; has ``inc(amount)``."""
+
+
+def histogram_storage(child: Any) -> HistogramStorage | None:
+    """The bucket storage of a histogram child, or None when it is not as tested (then
+    ``child.observe()`` is the public fallback).
+
+    Private: ``_upper_bounds``, ``_buckets`` and ``_sum`` (unchanged since 0.4; the same in
+    multiprocess mode, where the values are file-backed).
+    """
+    bounds = getattr(child, "_upper_bounds", None)
+    buckets = getattr(child, "_buckets", None)
+    total = getattr(child, "_sum", None)
+    if (
+        isinstance(bounds, list)
+        and isinstance(buckets, list)
+        and bounds
+        and len(bounds) == len(buckets)
+        and bounds[-1] == float("inf")
+        and callable(getattr(total, "inc", None))
+        and all(callable(getattr(b, "inc", None)) for b in buckets)
+    ):
+        return HistogramStorage(bounds, buckets, total)
+    return None
+
+
+def counter_storage(child: Any) -> Any | None:
+    """The value of a counter child (has ``inc(amount)``), or None when it is not as
+    tested (then ``child.inc()`` is the public fallback).
+
+    Private: ``_value``.
+    """
+    value = getattr(child, "_value", None)
+    return value if callable(getattr(value, "inc", None)) else None
+
+
+# --- opentelemetry-api / opentelemetry-sdk / opentelemetry-exporter-otlp-proto-http -------
+
+OPENTELEMETRY_TESTED: Final = "1.45.2"
+"""The opentelemetry-api, -sdk and -exporter-otlp-proto-http release the internals below
+were read from and tested on."""
+
+
+class _Result(Protocol):
+    success: bool
+
+
+class OtlpHttpClient(Protocol):
+    """What the SDK's OTLP/HTTP span exporter sends encoded bytes with."""
+
+    def export(self, data: bytes) -> _Result: ...
+
+
+def otlp_http_span_client(exporter: SpanExporter) -> OtlpHttpClient | None:
+    """The byte-sending client inside the SDK's OTLP/HTTP span exporter, or None (for any
+    other exporter, a subclass, or a release where it moved): the public fallback is
+    ``exporter.export(ReadableSpan...)``, which encodes with the SDK's encoder and sends
+    through that same client.
+
+    Private: ``OTLPSpanExporter._client`` (``export(bytes)``). Going around ``export()``
+    also skips what it adds around the send: its ``max_request_size`` check and its
+    opt-in self-metrics.
+    """
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        return None
+    if type(exporter) is not OTLPSpanExporter:  # a subclass may override export()
+        return None
+    client = getattr(exporter, "_client", None)
+    return client if callable(getattr(client, "export", None)) else None
+
+
+def metric_exporter_preferences(
+    exporter: MetricExporter,
+) -> tuple[
+    dict[type, AggregationTemporality] | None,
+    dict[type, Aggregation] | None,
+]:
+    """The temporality and aggregation ``exporter`` asks for, to hand on to a wrapping
+    exporter; (None, None) when not as tested (the SDK's defaults: cumulative, default
+    aggregation). ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`` is read by the
+    OTLP exporter into the first.
+
+    Private: ``MetricExporter._preferred_temporality`` and ``_preferred_aggregation`` (the
+    SDK's own reader reads them the same way; there is no public getter).
+    """
+    temporality = getattr(exporter, "_preferred_temporality", None)
+    aggregation = getattr(exporter, "_preferred_aggregation", None)
+    if isinstance(temporality, dict) and isinstance(aggregation, dict):
+        return temporality, aggregation
+    return None, None
+
+
+@runtime_checkable
+class SyncGauge(Protocol):
+    """What ``Meter.create_gauge()`` returns.
+
+    Its class, ``opentelemetry.metrics._Gauge``, is still private in the API; stagelens
+    types it with this protocol instead of importing it.
+    """
+
+    def set(
+        self,
+        amount: int | float,
+        attributes: Attributes | None = None,
+        context: Context | None = None,
+    ) -> None: ...
+
+
+def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
+    """The propagators of the API's ``CompositePropagator``, in order, or None (any other
+    propagator, or a release where they moved): the public fallback is to call the
+    composite itself (``propagate.inject``).
+
+    Private: ``CompositePropagator._propagators``. Read by the upstream instrumentation to
+    recognise the default W3C pair and format ``traceparent`` itself.
+    """
+    from opentelemetry.propagators.composite import CompositePropagator
+
+    if type(textmap) is not CompositePropagator:
+        return None
+    parts = getattr(textmap, "_propagators", None)
+    return parts if isinstance(parts, list | tuple) else None
+
+
+# --- httpx / httpcore ------------------------------------------------------------------
 # Tested with httpx 0.28.1 and httpcore 1.0.9 (pyproject: httpx>=0.28.1). Private names:
 # - ``Client._transport`` / ``AsyncClient._transport``: the client's default transport.
 #   httpx has no public way to swap it after construction (opentelemetry-instrumentation-
@@ -36,8 +210,7 @@ from typing import Any, Final
 #   same exceptions, tested).
 # And of opentelemetry-api (1.45.2) and opentelemetry-instrumentation (0.66b2), used by the
 # same instrumentation (and by ``stage()`` and the middleware for suppression):
-# - ``CompositePropagator._propagators``: to recognise the default W3C pair. Fallback:
-#   ``propagate.inject`` (same headers, tested).
+# - ``CompositePropagator._propagators``: see ``composite_parts`` above.
 # - ``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY``,
 #   ``_SUPPRESS_HTTP_INSTRUMENTATION_KEY`` and ``opentelemetry.instrumentation.utils.
 #   _SUPPRESS_INSTRUMENTATION_KEY_PLAIN``: the context keys ``suppress_instrumentation()``
@@ -105,12 +278,6 @@ def httpcore_stream(stream: Any) -> Any:
     return inner if hasattr(inner, "__aiter__") else None
 
 
-def composite_propagators(textmap: Any) -> Sequence[Any] | None:
-    """The propagators inside an OTel ``CompositePropagator``; None when not readable."""
-    found = getattr(textmap, "_propagators", None)
-    return found if isinstance(found, list | tuple) else None
-
-
 def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """(the context keys that suppress all instrumentation, those that suppress HTTP
     instrumentation), as ``opentelemetry.instrumentation.utils`` reads them; None when
@@ -124,6 +291,3 @@ def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     if not (isinstance(every, str) and isinstance(http, str) and isinstance(plain, str)):
         return None  # pragma: no cover - depends on the installed versions
     return (every, plain), (every, plain, http)
-
-
-# --- end httpx / httpcore ---

@@ -1,29 +1,28 @@
-"""Every Prometheus instrument stagelens records from the gateway, created once per registry.
+"""Every Prometheus instrument stagelens records from the gateway, created once per
+registry, and the batched fold that records finished requests into them.
 
 Why one object: instruments are created at instrument time (never on a request), label
-children are pre-bound and cached, so the hot path is a dict lookup plus ``observe``/``inc``.
-One ``Instruments`` per registry also avoids duplicate-registration errors when several apps
-(or tests) share a process.
+children are pre-bound and cached (``stagelens._series``), so the hot path is a dict lookup
+plus ``observe``/``inc``. One ``Instruments`` per registry also avoids duplicate-registration
+errors when several apps (or tests) share a process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import weakref
-from bisect import bisect_left
-from collections import Counter as Tally
 from collections import defaultdict, deque
-from collections.abc import Iterator
-from functools import partial
-from math import isnan
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import Any, Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import values as _values
 from prometheus_client.metrics_core import Metric
 
+from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens._series import BillingSeries, ChildCache, FastCounter, FastHistogram, ModelSeries
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -34,58 +33,100 @@ from stagelens.buckets import (
 from stagelens.config import Settings
 from stagelens.errors import ConfigurationError
 
-_Child = Any  # prometheus_client label children are untyped in its public API
-
-BillingRecord = tuple[str, int, int, int, float]
-"""(tenant label, input, output and cached-input tokens, cost in USD) of one request."""
-OutcomeRecord = tuple[
-    float | None,  # upstream time to first token, seconds
-    tuple[tuple[str, bool], ...],  # (sli, bad) for each SLI that counted the request
-    str | None,  # billing label value when the server's usage was missing
+__all__ = [
+    "FOLD_EVERY",
+    "BillingRecord",
+    "BillingSeries",
+    "FastCounter",
+    "FastHistogram",
+    "Instruments",
+    "ModelSeries",
+    "OutcomeRecord",
+    "PhaseTimes",
+    "RequestRecord",
+    "StageTimes",
+    "instruments_for",
 ]
-"""What issue 15 added to a request's record: its SLI verdicts, the upstream's share of its
-time to first token, and how it was metered when the server's usage was missing."""
 
-RequestRecord = tuple[
-    str,  # model label
-    str,  # code label
-    float,  # request duration, seconds
-    float | None,  # time to first token, seconds (answers only)
-    list[float],  # inter-token gaps, seconds
-    list[tuple[str, float]],  # (stage, seconds)
-    list[tuple[str, float]] | None,  # (engine phase, seconds)
-    str | None,  # the stage that rejected the request
-    BillingRecord | None,
-    OutcomeRecord | None,  # SLI verdicts, upstream TTFT, billing gap (issue 15)
-]
-"""Everything the gateway series learn from one finished request, queued as one tuple."""
+StageTimes = NewType("StageTimes", list[tuple[str, float]])
+"""(stage, seconds) of one request's stages, in the order they ended.
+
+A type of its own (not a plain list) so that stage and engine-phase timings, which have the
+same shape, cannot be passed for one another: mypy rejects a swap."""
+
+PhaseTimes = NewType("PhaseTimes", list[tuple[str, float]])
+"""(engine phase, seconds) the engine reported for one request (queue, prefill, decode)."""
+
+
+class BillingRecord(NamedTuple):
+    """What ``bill()`` counted for one request, recorded with its other figures."""
+
+    tenant: str
+    """The tenant label value (bounded, never a key)."""
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    """Part of ``input_tokens``."""
+    cost_usd: float
+
+
+class OutcomeRecord(NamedTuple):
+    """How one request turned out for the SLIs and for metering (issue 15)."""
+
+    upstream_ttft: float | None
+    """Upstream request sent to its first output-bearing event received, seconds."""
+    verdicts: tuple[tuple[str, bool], ...]
+    """(sli, bad) for each SLI that counted the request."""
+    unmetered: str | None
+    """The ``billing`` label value when the server's usage was missing, else None."""
+
+
+class RequestRecord(NamedTuple):
+    """Everything the gateway series learn from one finished request, queued as one record.
+
+    A NamedTuple: built by keyword at the one place that submits (the middleware), unpacked
+    at C speed by the fold."""
+
+    model: str
+    """The bounded ``model`` label value."""
+    code: str
+    """The ``code`` label value."""
+    duration: float
+    """Gateway receipt to last byte sent, seconds."""
+    ttft: float | None
+    """Time to first token, seconds; answers only."""
+    gaps: list[float]
+    """Inter-token gaps, seconds."""
+    stages: StageTimes
+    phases: PhaseTimes | None
+    rejected_by: str | None
+    """The stage that answered the request with an error."""
+    billing: BillingRecord | None
+    outcome: OutcomeRecord | None = None
+    """SLI verdicts, upstream time to first token and metering gap."""
+
+
+_Observed = defaultdict[FastHistogram, list[float]]
+"""Values to observe, per bound histogram."""
+_Added = defaultdict[FastCounter, float]
+"""Amounts to add, per bound counter."""
+
+
+def _check(observed: _Observed) -> None:
+    """Raise TypeError when a value to observe is not a number (a counter's amount already
+    failed to add up while collected), before anything is written: found later, by a
+    histogram's bisect, it would leave the batch half written. ``sum`` runs in C, a few ns
+    per value (``math.fsum``, which also refuses complex numbers, costs ten times more; a
+    complex timing is left to the writes, which lose that one series' share)."""
+    for values in observed.values():
+        sum(values, 0.0)
+
 
 FOLD_EVERY: Final = 32
 """Queued request records are applied to the series once this many are waiting (and
 before every collection): see ``Instruments.submit``."""
 
 logger = logging.getLogger("stagelens")
-
-
-class _ChildCache:
-    """Caches ``metric.labels(*key)`` children; the miss path takes a lock once per key."""
-
-    __slots__ = ("_children", "_lock", "_metric")
-
-    def __init__(self, metric: Histogram | Counter | Gauge) -> None:
-        self._metric = metric
-        self._children: dict[tuple[str, ...], _Child] = {}
-        self._lock = threading.Lock()
-
-    def get(self, *labels: str) -> _Child:
-        child = self._children.get(labels)
-        if child is None:
-            with self._lock:
-                child = self._children.get(labels)
-                if child is None:
-                    child = self._metric.labels(*labels)
-                    self._children[labels] = child
-        return child
 
 
 class Instruments:
@@ -98,12 +139,12 @@ class Instruments:
         self._fold_lock = threading.Lock()
         # In multiprocess mode the scrape reads every worker's files, which a fold in this
         # process cannot precede: each record is applied at once there.
-        self._fold_every = FOLD_EVERY if _values.ValueClass is _values.MutexValue else 1
+        self._fold_every = FOLD_EVERY if _compat.in_process_values() else 1
         self._fold_failed = False
         r = registry
         # Registered before the series, so that a collection folds, then reads them.
         r.register(_FoldBeforeCollect(self))
-        self.stage_duration = _ChildCache(
+        self.stage_duration = ChildCache(
             Histogram(
                 sc.STAGE_DURATION,
                 "Time spent in each request stage.",
@@ -112,7 +153,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.request_duration = _ChildCache(
+        self.request_duration = ChildCache(
             Histogram(
                 sc.REQUEST_DURATION,
                 "Gateway receipt to last byte sent.",
@@ -121,7 +162,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.ttft = _ChildCache(
+        self.ttft = ChildCache(
             Histogram(
                 sc.TIME_TO_FIRST_TOKEN,
                 "Gateway receipt to first content token sent to the client.",
@@ -130,7 +171,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.itl = _ChildCache(
+        self.itl = ChildCache(
             Histogram(
                 sc.INTER_TOKEN_LATENCY,
                 "Gap between consecutive streamed tokens.",
@@ -139,7 +180,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.engine_phase = _ChildCache(
+        self.engine_phase = ChildCache(
             Histogram(
                 sc.ENGINE_PHASE_DURATION,
                 "The engine's own per-request timings (queue, prefill, decode).",
@@ -148,7 +189,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.requests = _ChildCache(
+        self.requests = ChildCache(
             Counter(
                 sc.REQUESTS,
                 "Finished requests, any outcome.",
@@ -156,7 +197,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.tokens = _ChildCache(
+        self.tokens = ChildCache(
             Counter(
                 sc.TOKENS,
                 "Tokens billed; cached_input is part of input.",
@@ -164,7 +205,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.cost = _ChildCache(
+        self.cost = ChildCache(
             Counter(
                 sc.COST_USD,
                 "Cost from the price table.",
@@ -172,7 +213,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.rejections = _ChildCache(
+        self.rejections = ChildCache(
             Counter(
                 sc.REJECTIONS,
                 "Requests answered with an error by the stage that rejected them.",
@@ -180,7 +221,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.telemetry_errors = _ChildCache(
+        self.telemetry_errors = ChildCache(
             Counter(
                 sc.TELEMETRY_ERRORS,
                 "Telemetry failures swallowed so that serving goes on.",
@@ -188,7 +229,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.sli_requests = _ChildCache(
+        self.sli_requests = ChildCache(
             Counter(
                 sc.SLI_REQUESTS,
                 "Requests an SLI counts.",
@@ -196,7 +237,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.sli_errors = _ChildCache(
+        self.sli_errors = ChildCache(
             Counter(
                 sc.SLI_ERRORS,
                 "Requests that were bad for an SLI.",
@@ -204,7 +245,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.upstream_ttft = _ChildCache(
+        self.upstream_ttft = ChildCache(
             Histogram(
                 sc.UPSTREAM_TTFT,
                 "Upstream request sent to its first output-bearing event received.",
@@ -213,7 +254,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.unmetered = _ChildCache(
+        self.unmetered = ChildCache(
             Counter(
                 sc.UNMETERED_REQUESTS,
                 "Requests whose tokens the server's usage did not give.",
@@ -221,8 +262,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self._outcome_series: dict[tuple[str, str], Any] = {}
-        self.spans_dropped = _ChildCache(
+        self.spans_dropped = ChildCache(
             Counter(
                 sc.SPANS_DROPPED,
                 "Spans that could not be exported.",
@@ -263,6 +303,18 @@ class Instruments:
                     self._models[model] = found
         return found
 
+    def billing(self, model: str, tenant: str) -> BillingSeries:
+        """The bound token and cost counters of (``model``, ``tenant``)."""
+        key = (model, tenant)
+        found = self._billing.get(key)
+        if found is None:
+            with self._bind_lock:
+                found = self._billing.get(key)
+                if found is None:
+                    found = BillingSeries(self, model, tenant)
+                    self._billing[key] = found
+        return found
+
     def submit(self, record: RequestRecord) -> None:
         """Queue one finished request's figures (O(1)); fold when ``FOLD_EVERY`` wait.
 
@@ -278,49 +330,86 @@ class Instruments:
             self.fold()
 
     def fold(self) -> None:
-        """Apply every queued record to the series; never raises (a failure is logged
-        once and counted in ``stagelens_telemetry_errors_total{component="metrics"}``)."""
+        """Apply every queued record to the series; never raises.
+
+        A bad record costs only itself. The batch is first collected whole (the common
+        case, and the fast one); when that fails, or a value in it is not a number, it is
+        collected again record by record, each into series of its own that join the batch
+        only when complete: a record is applied whole or not at all. Each bad record is
+        counted in ``stagelens_telemetry_errors_total{component="metrics"}`` and logged
+        once. The writes then touch only checked numbers; should prometheus-client itself
+        fail writing one series (a full disk in multiprocess mode), that series' share of
+        the batch is lost and counted, and every other series is still written.
+        """
         pending = self._pending
         if not pending:
             return
         with self._fold_lock:
+            batch = [pending.popleft() for _ in range(len(pending))]
+            failed: list[Exception] = []
             try:
-                self._fold(pending)
-            except Exception as exc:
-                self.telemetry_errors.get("metrics").inc()
-                if not self._fold_failed:
-                    self._fold_failed = True
-                    logger.warning("stagelens: recording request metrics failed: %r", exc)
+                observed, added = self._collect(batch)
+                _check(observed)
+            except Exception:
+                observed, added = self._collect_each(batch, failed)
+            # Each series written on its own: one failing write loses only its series.
+            writes: list[tuple[Callable[[Any], None], Any]] = [
+                (histogram.observe_many, values) for histogram, values in observed.items()
+            ]
+            writes += [(counter.inc, amount) for counter, amount in added.items()]
+            for write, argument in writes:
+                try:
+                    write(argument)
+                except Exception as exc:
+                    failed.append(exc)
+            if failed:
+                self._failed(len(failed), failed[0])
 
-    def _fold(self, pending: deque[RequestRecord]) -> None:
-        observed: defaultdict[FastHistogram, list[float]] = defaultdict(list)
-        added: defaultdict[FastCounter, float] = defaultdict(float)
+    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added]:
+        """The observations and increments of ``batch``, per bound series."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
         for_model = self.for_model
-        for _ in range(len(pending)):
-            model, code, duration, ttft, gaps, stages, phases, rejected_by, billed, outcome = (
-                pending.popleft()
-            )
+        for (
+            model,
+            code,
+            duration,
+            ttft,
+            gaps,
+            stages,
+            phases,
+            rejected_by,
+            billed,
+            outcome,
+        ) in batch:
             series = for_model(model)
-            # Bound series are read straight from the ModelSeries (a method call binds the
-            # first one): this loop runs once per request.
-            request_duration, requests = series._outcomes.get(code) or series.outcome(code)
+            request_duration, requests = series.outcome(code)
             observed[request_duration].append(duration)
             added[requests] += 1
             if ttft is not None:
-                observed[series._ttft or series.ttft()].append(ttft)
+                observed[series.ttft()].append(ttft)
             if gaps:
-                observed[series._itl or series.itl()] += gaps
-            bound = series._stages
-            for stage, seconds in stages:
-                observed[bound.get(stage) or series.stage(stage)].append(seconds)
+                observed[series.itl()] += gaps
+            stage = series.stage
+            for name, seconds in stages:
+                observed[stage(name)].append(seconds)
             if phases:
-                bound = series._phases
-                for phase, seconds in phases:
-                    observed[bound.get(phase) or series.phase(phase)].append(seconds)
+                phase = series.phase
+                for name, seconds in phases:
+                    observed[phase(name)].append(seconds)
             if rejected_by is not None:
-                self.rejections.get(rejected_by, model, code).inc()
+                added[series.rejection(rejected_by, code)] += 1
             if outcome is not None:
-                self._fold_outcome(model, outcome, observed, added)
+                upstream_ttft, verdicts, unmetered = outcome
+                if upstream_ttft is not None:
+                    observed[series.upstream_ttft()].append(upstream_ttft)
+                for sli, bad in verdicts:
+                    counted, errors = series.sli(sli)
+                    added[counted] += 1
+                    # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
+                    added[errors] += bad
+                if unmetered is not None:
+                    added[series.unmetered(unmetered)] += 1
             if billed is not None:
                 tenant, input_tokens, output_tokens, cached_tokens, cost = billed
                 billing = self.billing(model, tenant)
@@ -328,56 +417,43 @@ class Instruments:
                 added[billing.output] += output_tokens
                 added[billing.cached_input] += cached_tokens
                 added[billing.cost] += cost
-        for histogram, values in observed.items():
-            histogram.observe_many(values)
-        for counter, amount in added.items():
-            counter.inc(amount)
+        return observed, added
 
-    def _fold_outcome(
-        self,
-        model: str,
-        outcome: OutcomeRecord,
-        observed: defaultdict[FastHistogram, list[float]],
-        added: defaultdict[FastCounter, float],
-    ) -> None:
-        """Add one request's SLI verdicts, upstream TTFT and billing gap to the batch."""
-        upstream_ttft, verdicts, billing = outcome
-        series = self._outcome_series
-        if upstream_ttft is not None:
-            key = (model, "")
-            histogram = series.get(key)
-            if histogram is None:
-                histogram = series[key] = FastHistogram(self.upstream_ttft.get(model))
-            observed[histogram].append(upstream_ttft)
-        for sli, bad in verdicts:
-            key = (model, sli)
-            counters = series.get(key)
-            if counters is None:
-                counters = series[key] = (
-                    FastCounter(self.sli_requests.get(model, sli)),
-                    FastCounter(self.sli_errors.get(model, sli)),
-                )
-            added[counters[0]] += 1
-            # Bound as soon as the SLI counts the model, so that a ratio reads 0, not NaN.
-            added[counters[1]] += bad
-        if billing is not None:
-            key = (model, "billing:" + billing)
-            counter = series.get(key)
-            if counter is None:
-                counter = series[key] = FastCounter(self.unmetered.get(model, billing))
-            added[counter] += 1
+    def _collect_each(
+        self, batch: list[RequestRecord], failed: list[Exception]
+    ) -> tuple[_Observed, _Added]:
+        """``_collect`` record by record, leaving out (and listing in ``failed``) each
+        record whose collection fails or holds a value that is not a number."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
+        for record in batch:
+            try:
+                mine, counts = self._collect([record])
+                _check(mine)
+            except Exception as exc:
+                failed.append(exc)
+                continue
+            for histogram, values in mine.items():
+                observed[histogram] += values
+            for counter, amount in counts.items():
+                added[counter] += amount
+        return observed, added
 
-    def billing(self, model: str, tenant: str) -> BillingSeries:
-        """The bound token and cost counters of (``model``, ``tenant``)."""
-        key = (model, tenant)
-        found = self._billing.get(key)
-        if found is None:
-            with self._bind_lock:
-                found = self._billing.get(key)
-                if found is None:
-                    found = BillingSeries(self, model, tenant)
-                    self._billing[key] = found
-        return found
+    def _failed(self, failures: int, exc: Exception) -> None:
+        """Count ``failures`` and log the first ever (its type and message: no record
+        carries content)."""
+        with contextlib.suppress(Exception):  # the counter itself broken: still never raise
+            self.telemetry_errors.get(sc.COMPONENT_METRICS).inc(failures)
+        if not self._fold_failed:
+            self._fold_failed = True
+            logger.warning(
+                "stagelens: recording request metrics failed (%s: %s); further failures "
+                "are only counted in %s{component=%r}",
+                type(exc).__name__,
+                exc,
+                sc.TELEMETRY_ERRORS,
+                sc.COMPONENT_METRICS,
+            )
 
 
 class _FoldBeforeCollect:
@@ -421,160 +497,3 @@ def instruments_for(registry: CollectorRegistry, settings: Settings) -> Instrume
                 f"{settings.ttft_slo_threshold_seconds}s"
             )
         return found
-
-
-class FastHistogram:
-    """One histogram child, observed through its bucket storage: a bisect and two locked
-    increments instead of ``observe()``'s per-call checks and linear bucket scan.
-
-    Why: a streamed request ends with about ten observations; through ``observe()`` they
-    were a tenth of stagelens' request-path cost. The storage used (``_upper_bounds``,
-    ``_buckets``, ``_sum``, stable since prometheus-client 0.4) works the same in
-    multiprocess mode; when a future version changes it, ``observe()`` is used instead.
-    Equivalence with ``observe()`` is tested.
-    """
-
-    __slots__ = ("_bounds", "_buckets", "_child", "_index", "_sum")
-
-    def __init__(self, child: _Child) -> None:
-        self._child = child
-        bounds = getattr(child, "_upper_bounds", None)
-        buckets = getattr(child, "_buckets", None)
-        total = getattr(child, "_sum", None)
-        usable = (
-            isinstance(bounds, list)
-            and isinstance(buckets, list)
-            and len(bounds) == len(buckets)
-            and bounds
-            and bounds[-1] == float("inf")
-            and callable(getattr(total, "inc", None))
-        )
-        self._bounds: list[float] | None = bounds if usable else None
-        self._buckets: list[Any] = buckets if usable and isinstance(buckets, list) else []
-        self._sum: Any = total
-        self._index = partial(bisect_left, bounds if usable else [])
-
-    def observe(self, value: float) -> None:
-        """Record one value (NaN is ignored: it lands in no bucket)."""
-        bounds = self._bounds
-        if bounds is None:
-            self._child.observe(value)
-            return
-        if value != value:  # NaN: observe() would add it to the sum only; keep series sane
-            return
-        self._buckets[bisect_left(bounds, value)].inc(1)
-        self._sum.inc(value)
-
-    def observe_many(self, values: list[float]) -> None:
-        """Record ``values`` at once: one increment per touched bucket."""
-        if not values:
-            return
-        bounds = self._bounds
-        if bounds is None:
-            for value in values:
-                self._child.observe(value)
-            return
-        if any(map(isnan, values)):
-            values = [value for value in values if not isnan(value)]
-        # Bucket indexes counted in C (map + collections.Counter): values of one series
-        # mostly touch a few buckets.
-        touched = Tally(map(self._index, values))
-        self._sum.inc(sum(values))
-        buckets = self._buckets
-        for index, n in touched.items():
-            buckets[index].inc(n)
-
-
-class FastCounter:
-    """One counter child, incremented through its value: skips ``inc()``'s checks.
-    Non-positive amounts are dropped (a counter never goes down; zero changes nothing)."""
-
-    __slots__ = ("_child", "_value")
-
-    def __init__(self, child: _Child) -> None:
-        self._child = child
-        value = getattr(child, "_value", None)
-        self._value: Any = value if callable(getattr(value, "inc", None)) else None
-
-    def inc(self, amount: float = 1) -> None:
-        if amount > 0:
-            if self._value is not None:
-                self._value.inc(amount)
-            else:
-                self._child.inc(amount)
-
-
-class ModelSeries:
-    """Every gateway series of one ``model`` label value, bound on first use.
-
-    Why: a fold records ~a dozen series per request, mostly of the same few models;
-    binding them once per model turns each into an attribute or a small dict lookup, with
-    no label tuple built and no lock taken.
-    """
-
-    __slots__ = ("_instruments", "_itl", "_outcomes", "_phases", "_stages", "_ttft", "model")
-
-    def __init__(self, instruments: Instruments, model: str) -> None:
-        self._instruments = instruments
-        self.model = model
-        # Series are bound when first recorded, never before: a model that only ever got
-        # errors exposes no TTFT series.
-        self._ttft: FastHistogram | None = None
-        self._itl: FastHistogram | None = None
-        self._stages: dict[str, FastHistogram] = {}
-        self._phases: dict[str, FastHistogram] = {}
-        self._outcomes: dict[str, tuple[FastHistogram, FastCounter]] = {}
-
-    def ttft(self) -> FastHistogram:
-        """``stagelens_time_to_first_token_seconds{model}``."""
-        if self._ttft is None:
-            self._ttft = FastHistogram(self._instruments.ttft.get(self.model))
-        return self._ttft
-
-    def itl(self) -> FastHistogram:
-        """``stagelens_inter_token_latency_seconds{model}``."""
-        if self._itl is None:
-            self._itl = FastHistogram(self._instruments.itl.get(self.model))
-        return self._itl
-
-    def stage(self, stage: str) -> FastHistogram:
-        """``stagelens_stage_duration_seconds{stage, model}``."""
-        found = self._stages.get(stage)
-        if found is None:
-            found = FastHistogram(self._instruments.stage_duration.get(stage, self.model))
-            self._stages[stage] = found  # a racing duplicate binds the same child: harmless
-        return found
-
-    def phase(self, phase: str) -> FastHistogram:
-        """``stagelens_engine_phase_duration_seconds{phase, model}``."""
-        found = self._phases.get(phase)
-        if found is None:
-            found = FastHistogram(self._instruments.engine_phase.get(phase, self.model))
-            self._phases[phase] = found
-        return found
-
-    def outcome(self, code: str) -> tuple[FastHistogram, FastCounter]:
-        """``stagelens_request_duration_seconds`` and ``stagelens_requests_total`` for one
-        status code."""
-        found = self._outcomes.get(code)
-        if found is None:
-            instruments = self._instruments
-            found = (
-                FastHistogram(instruments.request_duration.get(self.model, code)),
-                FastCounter(instruments.requests.get(self.model, code)),
-            )
-            self._outcomes[code] = found
-        return found
-
-
-class BillingSeries:
-    """The token and cost counters of one (model, tenant), bound once."""
-
-    __slots__ = ("cached_input", "cost", "input", "output")
-
-    def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
-        tokens = instruments.tokens
-        self.input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT))
-        self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
-        self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
-        self.cost = FastCounter(instruments.cost.get(model, tenant))

@@ -1,222 +1,105 @@
-"""Prometheus recording rules and alerts generated from an SloConfig, and ``stagelens slo``.
+"""Prometheus alerts generated from an SloConfig, and ``stagelens slo render``.
 
 Why generated: like Sloth, the multi-window multi-burn-rate expressions are mechanical and easy
-to get subtly wrong by hand (a factor applied to the wrong window, a threshold that is not a
-bucket boundary). Rendering them from one validated config keeps alerts, runbook links and
-dashboards in step; the committed default files are regenerated in CI and diffed.
+to get subtly wrong by hand (a factor applied to the wrong window, two pairs paging twice for
+one burn). Rendering them from one validated config keeps alerts, runbook and dashboards in
+step; the committed default files are regenerated in CI and diffed.
 
-Recording rules follow ``level:metric:operations`` (prometheus/docs ``practices/rules.md``).
+What makes them fit to page on: the burn-rate pairs of one severity are one alert (a burn
+that trips two pairs is one page); a pair needs ``min_requests`` in its long window (three
+slow requests an hour page nobody); causes (engine saturation, one backend down, GPU busy,
+telemetry trouble) are tickets, symptoms a user feels (SLO burn, no backend, no gateway,
+runaway spend) are pages; every aggregation keeps ``cluster`` and ``namespace``.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
 import yaml
 
 from stagelens import semconv as sc
-from stagelens.slo import BurnWindow, SloConfig, load_slo_config
+from stagelens.recording_rules import (
+    BILLING_DRIFT_RECORD,
+    COST_SPENT_RECORD,
+    ENGINE_KV_USAGE_RECORD,
+    ENGINE_PREEMPTIONS_RECORD,
+    ENGINE_WAITING_RECORD,
+    GENERATED_TOKENS_RECORD,
+    GPU_SM_ACTIVE_RECORD,
+    STAGE_BUDGET_RECORD,
+    by,
+    cost_projected_record,
+    kv_hit_ratio_record,
+    render_rules,
+    sli_error_ratio_record,
+    sli_requests_record,
+    stage_latency_record,
+    ttft_p95_record,
+)
+from stagelens.slo import BurnWindow, SloConfig, duration_seconds, load_slo_config
 
 RULES_FILE: Final = "stagelens-rules.yaml"
 ALERTS_FILE: Final = "stagelens-alerts.yaml"
+RUNBOOK_FILE: Final = "runbook.md"
 
 Rule = dict[str, Any]
 
-
-def ttft_error_ratio_record(window: str) -> str:
-    """Recording rule: share of requests whose TTFT exceeded the threshold over ``window``."""
-    return f"stagelens:ttft_slo_errors:ratio_rate{window}"
-
-
-def ttft_p95_record(window: str) -> str:
-    """Recording rule: p95 TTFT per model over ``window``."""
-    return f"stagelens:ttft_seconds:p95_rate{window}"
-
-
-def cost_rate_record(window: str) -> str:
-    """Recording rule: spend in USD per second per tenant over ``window``."""
-    return f"stagelens:cost_usd:rate{window}"
-
-
-def cost_burn_record(window: str) -> str:
-    """Recording rule: spend pace against the daily budget (1.0 = exactly on budget)."""
-    return f"stagelens:cost_budget_burn:ratio_rate{window}"
-
-
-STAGE_P95_RECORD: Final = "stagelens:stage_duration_seconds:p95_rate5m"
-STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:max"
-DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:daily"
-CONFIGURED_DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:configured"
-CONFIGURED_STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:configured"
-KV_HIT_RATIO_RECORD: Final = "stagelens:kv_cache_hit:ratio_rate5m"
-KV_QUERIES_RECORD: Final = "stagelens:kv_cache_queries:rate5m"
-ERROR_RATIO_RECORD: Final = "stagelens:requests_errors:ratio_rate5m"
-REQUEST_RATE_RECORD: Final = "stagelens:requests:rate5m"
-GPU_BUSY_RECORD: Final = "stagelens:gpu_busy:ratio_max"
-
+ALERT_AVAILABILITY_BUDGET_BURN: Final = "StagelensAvailabilityBudgetBurn"
+ALERT_ITL_BUDGET_BURN: Final = "StagelensITLBudgetBurn"
+ALERT_GOODPUT_BUDGET_BURN: Final = "StagelensGoodputBudgetBurn"
 ALERT_STAGE_OVER_BUDGET: Final = "StagelensStageOverBudget"
 ALERT_KV_HIT_RATE_COLLAPSE: Final = "StagelensKVCacheHitRateCollapse"
 ALERT_GPU_SATURATED: Final = "StagelensGPUSaturated"
+ALERT_ENGINE_SATURATED: Final = "StagelensEngineSaturated"
 ALERT_BACKEND_DOWN: Final = "StagelensBackendDown"
-ALERT_ERROR_RATIO_HIGH: Final = "StagelensErrorRatioHigh"
+ALERT_NO_BACKEND_UP: Final = "StagelensNoBackendUp"
+ALERT_GATEWAY_ABSENT: Final = "StagelensGatewayAbsent"
+ALERT_SPANS_DROPPED: Final = "StagelensSpansDropped"
+ALERT_TELEMETRY_ERRORS: Final = "StagelensTelemetryErrors"
+ALERT_GPU_COLLECTOR_DOWN: Final = "StagelensGPUCollectorDown"
+ALERT_BILLING_DRIFT: Final = "StagelensBillingDrift"
+
+BURN_ALERTS: Final[dict[str, str]] = {
+    sc.SLI_AVAILABILITY: ALERT_AVAILABILITY_BUDGET_BURN,
+    sc.SLI_TTFT: sc.ALERT_TTFT_BUDGET_BURN,
+    sc.SLI_ITL: ALERT_ITL_BUDGET_BURN,
+    sc.SLI_GOODPUT: ALERT_GOODPUT_BUDGET_BURN,
+}
+"""SLI -> its burn-rate alert."""
 
 ALL_ALERTS: Final[tuple[str, ...]] = (
-    sc.ALERT_TTFT_BUDGET_BURN,
+    *BURN_ALERTS.values(),
     sc.ALERT_TTFT_P95_HIGH,
     sc.ALERT_COST_BUDGET_BURN,
+    ALERT_BILLING_DRIFT,
     ALERT_STAGE_OVER_BUDGET,
     ALERT_KV_HIT_RATE_COLLAPSE,
     ALERT_GPU_SATURATED,
+    ALERT_ENGINE_SATURATED,
     ALERT_BACKEND_DOWN,
-    ALERT_ERROR_RATIO_HIGH,
+    ALERT_NO_BACKEND_UP,
+    ALERT_GATEWAY_ABSENT,
+    ALERT_SPANS_DROPPED,
+    ALERT_TELEMETRY_ERRORS,
+    ALERT_GPU_COLLECTOR_DOWN,
 )
-"""Every alert name; each has one anchor in alerts/runbook.md."""
+"""Every alert name; each has one section in alerts/runbook.md."""
 
+LABEL_SIGNAL: Final = "signal"
+"""Static label of StagelensEngineSaturated: which saturation signal tripped."""
+SIGNAL_QUEUE: Final = "queue"
+SIGNAL_KV_CACHE: Final = "kv_cache"
+SIGNAL_PREEMPTIONS: Final = "preemptions"
 
-def _le(value: float) -> str:
-    """The ``le`` label value Prometheus clients write for a bucket boundary."""
-    return repr(float(value))
-
-
-def _windows(windows: Iterable[BurnWindow]) -> list[str]:
-    seen: dict[str, None] = {}
-    for window in windows:
-        seen.setdefault(window.short, None)
-        seen.setdefault(window.long, None)
-    return list(seen)
-
-
-def _ttft_records(cfg: SloConfig) -> list[Rule]:
-    bucket = f"{sc.TIME_TO_FIRST_TOKEN}_bucket"
-    count = f"{sc.TIME_TO_FIRST_TOKEN}_count"
-    le = _le(cfg.ttft_threshold_seconds)
-    rules: list[Rule] = []
-    for window in _windows(cfg.ttft_burn_windows):
-        total = f"sum by ({sc.LABEL_MODEL}) (rate({count}[{window}]))"
-        good = f'sum by ({sc.LABEL_MODEL}) (rate({bucket}{{le="{le}"}}[{window}]))'
-        rules.append(
-            {
-                "record": ttft_error_ratio_record(window),
-                "expr": f"({total} - {good}) / {total}",
-            }
-        )
-    rules.append(
-        {
-            "record": ttft_p95_record(cfg.ttft_p95_window),
-            "expr": (
-                "histogram_quantile(0.95, sum by "
-                f"({sc.LABEL_MODEL}, le) (rate({bucket}[{cfg.ttft_p95_window}])))"
-            ),
-        }
-    )
-    return rules
-
-
-def _budget_records(cfg: SloConfig) -> list[Rule]:
-    rules: list[Rule] = [
-        {
-            "record": CONFIGURED_DAILY_BUDGET_RECORD,
-            "expr": f"vector({usd!r})",
-            "labels": {sc.LABEL_TENANT: tenant, sc.LABEL_WINDOW: sc.BUDGET_WINDOW_DAY},
-        }
-        for tenant, usd in sorted(cfg.daily_budgets_usd.items())
-    ]
-    rules += [
-        {
-            "record": CONFIGURED_STAGE_BUDGET_RECORD,
-            "expr": f"vector({seconds!r})",
-            "labels": {sc.LABEL_STAGE: stage},
-        }
-        for stage, seconds in sorted(cfg.stage_budgets_seconds.items())
-    ]
-    day = f'{sc.LABEL_WINDOW}="{sc.BUDGET_WINDOW_DAY}"'
-    gauge = f"max by ({sc.LABEL_TENANT}) ({sc.BUDGET_USD}{{{day}}})"
-    configured = f"max by ({sc.LABEL_TENANT}) ({CONFIGURED_DAILY_BUDGET_RECORD})"
-    rules.append({"record": DAILY_BUDGET_RECORD, "expr": f"{gauge} or {configured}"})
-    stage_gauge = f"max by ({sc.LABEL_STAGE}) ({sc.STAGE_BUDGET})"
-    stage_configured = f"max by ({sc.LABEL_STAGE}) ({CONFIGURED_STAGE_BUDGET_RECORD})"
-    rules.append({"record": STAGE_BUDGET_RECORD, "expr": f"{stage_gauge} or {stage_configured}"})
-    return rules
-
-
-def _cost_records(cfg: SloConfig) -> list[Rule]:
-    rules: list[Rule] = []
-    for window in _windows(cfg.cost_burn_windows):
-        rules.append(
-            {
-                "record": cost_rate_record(window),
-                "expr": f"sum by ({sc.LABEL_TENANT}) (rate({sc.COST_USD}[{window}]))",
-            }
-        )
-        rules.append(
-            {
-                "record": cost_burn_record(window),
-                "expr": (
-                    f"{cost_rate_record(window)} * 86400 / on ({sc.LABEL_TENANT}) "
-                    f"({DAILY_BUDGET_RECORD} > 0)"
-                ),
-            }
-        )
-    return rules
-
-
-def _other_records() -> list[Rule]:
-    stage_bucket = f"{sc.STAGE_DURATION}_bucket"
-    return [
-        {
-            "record": STAGE_P95_RECORD,
-            "expr": (
-                f"histogram_quantile(0.95, sum by ({sc.LABEL_STAGE}, le) "
-                f"(rate({stage_bucket}[5m])))"
-            ),
-        },
-        {
-            "record": KV_QUERIES_RECORD,
-            "expr": f"sum by ({sc.LABEL_MODEL}) (rate({sc.KV_CACHE_QUERIES}[5m]))",
-        },
-        {
-            "record": KV_HIT_RATIO_RECORD,
-            "expr": (
-                f"sum by ({sc.LABEL_MODEL}) (rate({sc.KV_CACHE_HITS}[5m])) / {KV_QUERIES_RECORD}"
-            ),
-        },
-        {
-            "record": REQUEST_RATE_RECORD,
-            "expr": f"sum by ({sc.LABEL_MODEL}) (rate({sc.REQUESTS}[5m]))",
-        },
-        {
-            "record": ERROR_RATIO_RECORD,
-            "expr": (
-                f'sum by ({sc.LABEL_MODEL}) (rate({sc.REQUESTS}{{{sc.LABEL_CODE}=~"5.."}}[5m])) '
-                f"/ {REQUEST_RATE_RECORD}"
-            ),
-        },
-        {
-            "record": GPU_BUSY_RECORD,
-            # Real load first: stagelens' GPM SM activity, then DCGM's on hosts that run
-            # only dcgm-exporter, and NVML utilisation (liveness) only where neither exists.
-            "expr": (
-                f"max by (instance, {sc.LABEL_GPU}) ({sc.GPU_SM_ACTIVE}) or "
-                f"max by (instance, {sc.LABEL_GPU}) ({sc.DCGM_SM_ACTIVE}) or "
-                f"max by (instance, {sc.LABEL_GPU}) ({sc.GPU_UTILIZATION})"
-            ),
-        },
-    ]
-
-
-def render_rules(cfg: SloConfig) -> dict[str, Any]:
-    """The recording-rule file as a mapping (``groups:`` ...)."""
-    return {
-        "groups": [
-            {"name": "stagelens-ttft-slo.rules", "rules": _ttft_records(cfg)},
-            {"name": "stagelens-budgets.rules", "rules": _budget_records(cfg)},
-            {"name": "stagelens-cost.rules", "rules": _cost_records(cfg)},
-            {"name": "stagelens-serving.rules", "rules": _other_records()},
-        ]
-    }
+_SLI_WORDS: Final[dict[str, str]] = {
+    sc.SLI_AVAILABILITY: "Availability",
+    sc.SLI_TTFT: "TTFT",
+    sc.SLI_ITL: "Inter-token latency",
+    sc.SLI_GOODPUT: "Goodput",
+}
 
 
 def _alert(
@@ -232,7 +115,7 @@ def _alert(
     rule: Rule = {"alert": name, "expr": expr}
     if for_ != "0s":
         rule["for"] = for_
-    rule["labels"] = {"severity": severity, **(extra_labels or {})}
+    rule["labels"] = {"severity": severity, **cfg.alert_labels, **(extra_labels or {})}
     rule["annotations"] = {
         "summary": summary,
         "description": description,
@@ -241,156 +124,368 @@ def _alert(
     return rule
 
 
-def _ttft_alerts(cfg: SloConfig) -> list[Rule]:
-    objective = f"{cfg.ttft_objective * 100:g}%"
-    budget = cfg.error_budget
-    alerts: list[Rule] = []
-    for window in cfg.ttft_burn_windows:
+def _shortest_for(windows: tuple[BurnWindow, ...]) -> str:
+    fors = [w.for_ for w in windows if w.for_ != "0s"]
+    return min(fors, key=duration_seconds) if fors else "0s"
+
+
+def _sli_text(cfg: SloConfig, sli: str) -> str:
+    """What makes a request bad for ``sli``, for descriptions."""
+    ttft = f"{cfg.ttft_threshold_seconds:g}s"
+    itl = f"{cfg.itl_threshold_seconds:g}s"
+    return {
+        sc.SLI_AVAILABILITY: "failed (5xx, 504, or a stream that broke after its headers)",
+        sc.SLI_TTFT: f"had no first token within {ttft} (errors count as slow)",
+        sc.SLI_ITL: f"streamed with a mean inter-token latency above {itl} or broke mid-stream",
+        sc.SLI_GOODPUT: f"missed the TTFT ({ttft}) or the inter-token latency ({itl}) objective",
+    }[sli]
+
+
+def burn_expr(cfg: SloConfig, sli: str, severity: str) -> str:
+    """One severity's burn-rate pairs for ``sli``, OR-ed: each pair is long window over its
+    limit, short window over its limit (the burn is still going on), and at least
+    ``min_requests`` requests in the long window."""
+    budget = cfg.error_budget(sli)
+    selector = f'{{{sc.LABEL_SLI}="{sli}"}}'
+    pairs = []
+    for window in cfg.windows_of(severity):
         limit = f"({window.factor!r} * {budget:.6g})"
-        expr = (
-            f"{ttft_error_ratio_record(window.long)} > {limit}\n"
-            f"and\n{ttft_error_ratio_record(window.short)} > {limit}"
+        traffic = (
+            f"{sli_requests_record(window.long)}{selector} * {duration_seconds(window.long):g}"
         )
-        alerts.append(
-            _alert(
-                cfg,
-                sc.ALERT_TTFT_BUDGET_BURN,
-                expr,
-                window.for_,
-                window.severity,
-                f"TTFT error budget of {{{{ $labels.model }}}} burning {window.factor:g}x too fast",
-                (
-                    f"Over the last {window.long} and {window.short}, more than "
-                    f"{window.factor:g} x {budget:.6g} of requests to {{{{ $labels.model }}}} "
-                    f"had TTFT above {cfg.ttft_threshold_seconds:g}s (SLO {objective} over "
-                    f"{cfg.period}); current {window.long} error ratio "
-                    "{{ $value | humanizePercentage }}."
-                ),
-                {"long_window": window.long},
+        pairs.append(
+            f"(\n  {sli_error_ratio_record(window.long)}{selector} > {limit}\n"
+            f"  and\n  {sli_error_ratio_record(window.short)}{selector} > {limit}\n"
+            f"  and\n  {traffic} >= {cfg.min_requests}\n)"
+        )
+    return "\nor\n".join(pairs)
+
+
+def _burn_alerts(cfg: SloConfig) -> list[Rule]:
+    alerts: list[Rule] = []
+    for sli, name in BURN_ALERTS.items():
+        objective = f"{cfg.objectives[sli] * 100:g}%"
+        words = _SLI_WORDS[sli]
+        for severity in ("page", "ticket"):
+            windows = cfg.windows_of(severity)
+            if not windows:
+                continue
+            pairs = ", ".join(f"{w.factor:g}x over {w.long}+{w.short}" for w in windows)
+            alerts.append(
+                _alert(
+                    cfg,
+                    name,
+                    burn_expr(cfg, sli, severity),
+                    _shortest_for(windows),
+                    severity,
+                    f"{words} error budget of {{{{ $labels.model }}}} burning too fast",
+                    (
+                        f"Requests to {{{{ $labels.model }}}} that {_sli_text(cfg, sli)} are "
+                        f"using the {cfg.period} error budget (SLO {objective}) too fast: "
+                        f"{pairs}. Long-window error ratio "
+                        "{{ $value | humanizePercentage }}."
+                    ),
+                )
             )
-        )
-    p95 = ttft_p95_record(cfg.ttft_p95_window)
-    traffic = (
-        f"sum by ({sc.LABEL_MODEL}) "
-        f"(rate({sc.TIME_TO_FIRST_TOKEN}_count[{cfg.ttft_p95_window}])) > 0"
-    )
-    alerts.append(
-        _alert(
-            cfg,
-            sc.ALERT_TTFT_P95_HIGH,
-            f"{p95} > {cfg.ttft_threshold_seconds!r}\nand on ({sc.LABEL_MODEL})\n{traffic}",
-            cfg.ttft_p95_for,
-            "page",
-            "p95 time to first token of {{ $labels.model }} above "
-            f"{cfg.ttft_threshold_seconds:g}s",
-            (
-                "p95 TTFT of {{ $labels.model }} is {{ $value | humanizeDuration }} "
-                f"(threshold {cfg.ttft_threshold_seconds:g}s) for {cfg.ttft_p95_for}."
-            ),
-        )
-    )
     return alerts
 
 
+def _p95_alert(cfg: SloConfig) -> Rule:
+    window = cfg.ttft_p95_window
+    traffic = (
+        f"sum by ({by(cfg, sc.LABEL_MODEL)}) (rate({sc.TIME_TO_FIRST_TOKEN}_count[{window}]))"
+        f" * {duration_seconds(window):g} >= {cfg.min_requests}"
+    )
+    grouping = by(cfg, sc.LABEL_MODEL)
+    threshold = cfg.ttft_threshold_seconds
+    return _alert(
+        cfg,
+        sc.ALERT_TTFT_P95_HIGH,
+        f"{ttft_p95_record(window)} > {threshold!r}\nand on ({grouping})\n{traffic}",
+        cfg.ttft_p95_for,
+        "ticket",
+        f"p95 time to first token of {{{{ $labels.model }}}} above {threshold:g}s",
+        (
+            "p95 TTFT of {{ $labels.model }} is {{ $value | humanizeDuration }} (threshold "
+            f"{threshold:g}s) for {cfg.ttft_p95_for}. A symptom ticket: the burn-rate alerts "
+            "page when the error budget is at risk."
+        ),
+    )
+
+
 def _cost_alerts(cfg: SloConfig) -> list[Rule]:
+    multiple = cfg.cost_page_multiple
     return [
         _alert(
             cfg,
             sc.ALERT_COST_BUDGET_BURN,
             (
-                f"{cost_burn_record(window.long)} > {window.factor!r}\n"
-                f"and\n{cost_burn_record(window.short)} > {window.factor!r}"
+                f"{cost_projected_record('1h')} > {multiple!r}\n"
+                f"and\n{cost_projected_record('5m')} > {multiple!r}"
             ),
-            window.for_,
-            window.severity,
-            f"Tenant {{{{ $labels.tenant }}}} spending {window.factor:g}x its daily budget pace",
+            cfg.cost_page_for,
+            "page",
+            "Tenant {{ $labels.tenant }} on course to spend "
+            f"{multiple:g}x its daily cap within {cfg.cost_page_horizon}",
             (
-                f"Over the last {window.long} and {window.short} tenant "
-                '{{ $labels.tenant }} spent at {{ $value | printf "%.1f" }}x the pace of its '
-                'daily budget (stagelens_budget_usd{window="1d"}).'
+                "Spend of tenant {{ $labels.tenant }} over the last 24h plus "
+                f"{cfg.cost_page_horizon} more at the pace of the last hour (and of the last "
+                "5 minutes) reaches {{ $value | humanizePercentage }} of its daily cap "
+                '(stagelens_budget_usd{window="1d"}).'
             ),
-            {"long_window": window.long},
-        )
-        for window in cfg.cost_burn_windows
+        ),
+        _alert(
+            cfg,
+            sc.ALERT_COST_BUDGET_BURN,
+            f"{COST_SPENT_RECORD} > 1",
+            cfg.cost_ticket_for,
+            "ticket",
+            "Tenant {{ $labels.tenant }} spent more than its daily cap in the last 24h",
+            (
+                "Tenant {{ $labels.tenant }} spent {{ $value | humanizePercentage }} of its "
+                'daily cap (stagelens_budget_usd{window="1d"}) over the last 24h.'
+            ),
+        ),
     ]
 
 
+def _billing_alert(cfg: SloConfig) -> Rule:
+    grouping = by(cfg) or "instance"
+    return _alert(
+        cfg,
+        ALERT_BILLING_DRIFT,
+        (
+            f"abs({BILLING_DRIFT_RECORD}) > {cfg.billing_drift_threshold!r}\n"
+            f"and on ({grouping})\n"
+            f"{GENERATED_TOKENS_RECORD} * 3600 >= {cfg.billing_drift_min_tokens}"
+        ),
+        cfg.billing_drift_for,
+        "ticket",
+        "Billed output tokens drift from what the engines generated",
+        (
+            "Over the last hour, (generated - billed) / generated output tokens, all models "
+            "of the environment, is {{ $value | humanizePercentage }} (threshold "
+            f"{cfg.billing_drift_threshold:g}); vllm:generation_tokens_total against "
+            'stagelens_tokens_total{type="output"}.'
+        ),
+    )
+
+
 def _serving_alerts(cfg: SloConfig) -> list[Rule]:
+    stage_on = by(cfg, sc.LABEL_STAGE)
+    model_on = by(cfg, sc.LABEL_MODEL)
+    drop = 1 - cfg.kv_hit_rate_drop
+    baseline = f"({kv_hit_ratio_record('6h')} offset 1h)"
     return [
         _alert(
             cfg,
             ALERT_STAGE_OVER_BUDGET,
-            f"{STAGE_P95_RECORD}\n> on ({sc.LABEL_STAGE})\n{STAGE_BUDGET_RECORD}",
+            (
+                f"{stage_latency_record(cfg.stage_latency_window)}\n> on ({stage_on})\n"
+                f"{STAGE_BUDGET_RECORD}"
+            ),
             cfg.stage_budget_for,
             "ticket",
             "Stage {{ $labels.stage }} p95 over its latency budget",
             (
-                "p95 time in stage {{ $labels.stage }} is {{ $value | humanizeDuration }}, "
-                "above its budget (stagelens_stage_budget_seconds) for "
-                f"{cfg.stage_budget_for}."
+                "p95 of stage {{ $labels.stage }} is {{ $value | humanizeDuration }}, above its "
+                "budget (stagelens_stage_budget_seconds) for "
+                f"{cfg.stage_budget_for}. For inference this is the time to the first upstream "
+                "token (stagelens_upstream_time_to_first_token_seconds), not the decode."
             ),
         ),
         _alert(
             cfg,
             ALERT_KV_HIT_RATE_COLLAPSE,
-            f"{KV_HIT_RATIO_RECORD} < {cfg.kv_hit_rate_floor!r}\nand on ({sc.LABEL_MODEL})\n"
-            f"{KV_QUERIES_RECORD} > 0",
+            (
+                f"{kv_hit_ratio_record('30m')}\n< on ({model_on}) {drop!r} * {baseline}\n"
+                f"and on ({model_on})\n{baseline} >= {cfg.kv_hit_rate_min_baseline!r}"
+            ),
             cfg.kv_hit_rate_for,
             "ticket",
             "Prefix-cache hit rate of {{ $labels.model }} collapsed",
             (
-                "Engine prefix-cache hit rate of {{ $labels.model }} is "
-                "{{ $value | humanizePercentage }}, below the floor of "
-                f"{cfg.kv_hit_rate_floor:g}, for {cfg.kv_hit_rate_for}."
+                "Engine prefix-cache hit rate of {{ $labels.model }} over 30m is "
+                "{{ $value | humanizePercentage }}, below "
+                f"{drop:g}x its 6h rate of an hour before, for {cfg.kv_hit_rate_for}."
             ),
         ),
         _alert(
             cfg,
             ALERT_GPU_SATURATED,
-            f"{GPU_BUSY_RECORD} > {cfg.gpu_saturation_threshold!r}",
+            f"{GPU_SM_ACTIVE_RECORD} > {cfg.gpu_saturation_threshold!r}",
             cfg.gpu_saturation_for,
             "ticket",
-            "GPU {{ $labels.gpu }} on {{ $labels.instance }} saturated",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) saturated",
             (
-                "GPU {{ $labels.gpu }} SM activity (stagelens GPM or DCGM; NVML utilisation "
-                "where neither exists) is {{ $value | humanizePercentage }}, above "
+                "SM activity of GPU {{ $labels.gpu }} ({{ $labels.uuid }}; stagelens GPM, else "
+                "DCGM_FI_PROF_SM_ACTIVE) is {{ $value | humanizePercentage }}, above "
                 f"{cfg.gpu_saturation_threshold:g}, for {cfg.gpu_saturation_for}."
             ),
         ),
+        *_engine_alerts(cfg),
+    ]
+
+
+def _engine_alerts(cfg: SloConfig) -> list[Rule]:
+    signals = (
+        (
+            SIGNAL_QUEUE,
+            f"{ENGINE_WAITING_RECORD} > {cfg.engine_waiting_threshold!r}",
+            "{{ $value }} requests waiting in the busiest engine's queue (threshold "
+            f"{cfg.engine_waiting_threshold:g})",
+        ),
+        (
+            SIGNAL_KV_CACHE,
+            f"{ENGINE_KV_USAGE_RECORD} > {cfg.engine_kv_usage_threshold!r}",
+            "KV cache {{ $value | humanizePercentage }} full in the fullest engine (threshold "
+            f"{cfg.engine_kv_usage_threshold:g})",
+        ),
+        (
+            SIGNAL_PREEMPTIONS,
+            f"{ENGINE_PREEMPTIONS_RECORD} > 0",
+            '{{ $value | printf "%.2f" }} preemptions per second',
+        ),
+    )
+    return [
+        _alert(
+            cfg,
+            ALERT_ENGINE_SATURATED,
+            expr,
+            cfg.engine_saturation_for,
+            "ticket",
+            f"Engines serving {{{{ $labels.model }}}} saturated ({signal})",
+            f"{text} for {{{{ $labels.model }}}}, for {cfg.engine_saturation_for}.",
+            {LABEL_SIGNAL: signal},
+        )
+        for signal, expr, text in signals
+    ]
+
+
+def none_up(cfg: SloConfig, job_regex: str) -> str:
+    """No target of the jobs matching ``job_regex`` is up: all are down, or none is scraped
+    at all (a vanished target leaves no ``up`` series, so ``up == 0`` alone never fires)."""
+    grouping = by(cfg, "job")
+    up = f'up{{job=~"{job_regex}"}}'
+    return (
+        f"count by ({grouping}) ({up})\nunless on ({grouping})\n"
+        f"count by ({grouping}) ({up} == 1)\nor\nabsent({up})"
+    )
+
+
+def _target_alerts(cfg: SloConfig) -> list[Rule]:
+    return [
         _alert(
             cfg,
             ALERT_BACKEND_DOWN,
             f'up{{job=~"{cfg.backend_job_regex}"}} == 0',
             cfg.backend_down_for,
-            "page",
+            "ticket",
             "vLLM backend {{ $labels.instance }} is down",
             (
                 "Prometheus could not scrape backend {{ $labels.instance }} (job "
-                f"{{{{ $labels.job }}}}) for {cfg.backend_down_for}."
+                f"{{{{ $labels.job }}}}) for {cfg.backend_down_for}. The gateway's balancer "
+                "routes around it; capacity is reduced."
             ),
         ),
         _alert(
             cfg,
-            ALERT_ERROR_RATIO_HIGH,
-            f"{ERROR_RATIO_RECORD} > {cfg.error_ratio_threshold!r}",
-            cfg.error_ratio_for,
+            ALERT_NO_BACKEND_UP,
+            none_up(cfg, cfg.backend_job_regex),
+            cfg.no_backend_for,
             "page",
-            "{{ $labels.model }} answering with 5xx",
+            "No vLLM backend is up",
             (
-                "{{ $value | humanizePercentage }} of requests to {{ $labels.model }} "
-                f"failed with 5xx for {cfg.error_ratio_for} (threshold "
-                f"{cfg.error_ratio_threshold:g})."
+                f"No target of the backend jobs (job=~{cfg.backend_job_regex!r}) answered a "
+                f"scrape for {cfg.no_backend_for}, or none is scraped at all: every request "
+                "that needs inference fails."
+            ),
+        ),
+        _alert(
+            cfg,
+            ALERT_GATEWAY_ABSENT,
+            none_up(cfg, cfg.gateway_job_regex),
+            cfg.gateway_absent_for,
+            "page",
+            "The stagelens gateway is not being scraped",
+            (
+                f"No target of the gateway jobs (job=~{cfg.gateway_job_regex!r}) answered a "
+                f"scrape for {cfg.gateway_absent_for}, or none is scraped at all: the gateway "
+                "is down, or every SLO alert is blind."
             ),
         ),
     ]
 
 
+def _self_alerts(cfg: SloConfig) -> list[Rule]:
+    where = by(cfg, "job", "instance")
+    return [
+        _alert(
+            cfg,
+            ALERT_SPANS_DROPPED,
+            (f"sum by ({where}, {sc.LABEL_REASON}) (rate({sc.SPANS_DROPPED}[5m])) > 0"),
+            cfg.self_monitoring_for,
+            "ticket",
+            "{{ $labels.instance }} is dropping spans ({{ $labels.reason }})",
+            (
+                '{{ $value | printf "%.2f" }} spans per second dropped by '
+                "{{ $labels.instance }} ({{ $labels.reason }}) for "
+                f"{cfg.self_monitoring_for}: traces are incomplete."
+            ),
+        ),
+        _alert(
+            cfg,
+            ALERT_TELEMETRY_ERRORS,
+            (f"sum by ({where}, {sc.LABEL_COMPONENT}) (rate({sc.TELEMETRY_ERRORS}[5m])) > 0"),
+            cfg.self_monitoring_for,
+            "ticket",
+            "stagelens telemetry failing in {{ $labels.component }} on {{ $labels.instance }}",
+            (
+                '{{ $value | printf "%.2f" }} telemetry errors per second in component '
+                "{{ $labels.component }} on {{ $labels.instance }} for "
+                f"{cfg.self_monitoring_for}; serving goes on, some figures are missing."
+            ),
+        ),
+        _alert(
+            cfg,
+            ALERT_GPU_COLLECTOR_DOWN,
+            (
+                f"max by ({where}) ({sc.GPU_COLLECTOR_UP}) == 0\nand\n"
+                f"max by ({where}) (max_over_time({sc.GPU_COLLECTOR_UP}[1d])) == 1"
+            ),
+            cfg.gpu_collector_down_for,
+            "ticket",
+            "GPU collector on {{ $labels.instance }} cannot read NVML",
+            (
+                "stagelens_gpu_collector_up has been 0 on {{ $labels.instance }} for "
+                f"{cfg.gpu_collector_down_for}, after NVML answered there within the last day: "
+                "GPU panels and StagelensGPUSaturated are blind there."
+            ),
+        ),
+    ]
+
+
+ALERT_GROUPS: Final[tuple[str, ...]] = (
+    "stagelens-slo.alerts",
+    "stagelens-cost.alerts",
+    "stagelens-serving.alerts",
+    "stagelens-targets.alerts",
+    "stagelens-self.alerts",
+)
+
+
 def render_alerts(cfg: SloConfig) -> dict[str, Any]:
     """The alert file as a mapping (``groups:`` ...)."""
+    rules = (
+        [*_burn_alerts(cfg), _p95_alert(cfg)],
+        [*_cost_alerts(cfg), _billing_alert(cfg)],
+        _serving_alerts(cfg),
+        _target_alerts(cfg),
+        _self_alerts(cfg),
+    )
     return {
         "groups": [
-            {"name": "stagelens-slo.alerts", "rules": _ttft_alerts(cfg) + _cost_alerts(cfg)},
-            {"name": "stagelens-serving.alerts", "rules": _serving_alerts(cfg)},
+            {"name": name, "rules": group} for name, group in zip(ALERT_GROUPS, rules, strict=True)
         ]
     }
 
@@ -414,12 +509,19 @@ def dump_yaml(data: dict[str, Any]) -> str:
 
 
 def write_rule_files(cfg: SloConfig, out_dir: Path) -> list[Path]:
-    """Write the recording-rule and alert files into ``out_dir``; returns their paths."""
+    """Write the recording-rule and alert files and the runbook into ``out_dir``."""
+    from stagelens.runbook import render_runbook
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, data in ((RULES_FILE, render_rules(cfg)), (ALERTS_FILE, render_alerts(cfg))):
+    files = (
+        (RULES_FILE, dump_yaml(render_rules(cfg))),
+        (ALERTS_FILE, dump_yaml(render_alerts(cfg))),
+        (RUNBOOK_FILE, render_runbook(cfg)),
+    )
+    for name, text in files:
         path = out_dir / name
-        path.write_text(dump_yaml(data), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
         written.append(path)
     return written
 
@@ -435,7 +537,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add ``stagelens slo render``."""
     slo = subparsers.add_parser("slo", help="SLO recording rules and alerts")
     slo_sub = slo.add_subparsers(dest="slo_command", metavar="SLO_COMMAND", required=True)
-    render = slo_sub.add_parser("render", help="write recording rules and alerts from a config")
+    render = slo_sub.add_parser(
+        "render", help="write recording rules, alerts and the runbook from a config"
+    )
     render.add_argument("--config", type=Path, default=None, help="SLO config YAML")
     render.add_argument("--out", type=Path, default=Path("alerts"), help="output folder")
     render.set_defaults(func=_render)

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from opentelemetry import trace
 
 from stagelens import semconv as sc
+from stagelens._instruments import BillingRecord, StageTimes
 from stagelens.pricing import Usage
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
-    from stagelens._instruments import BillingRecord
     from stagelens.telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
@@ -83,7 +83,7 @@ class RequestState:
         self.disconnected = False
         self.code: int | None = None
         self.request_id: str | None = None
-        self.stage_times: list[tuple[str, float]] = []
+        self.stage_times = StageTimes([])
         """(stage, seconds) recorded at request end, when the model label is known."""
         self.tokenless = False
         """The answer carries no generated tokens (embeddings): it has no first token."""

@@ -92,10 +92,25 @@ ERROR_TYPE_INCOMPLETE_STREAM: Final = "incomplete_stream"
 ERROR_TYPE_UPSTREAM_ERROR_EVENT: Final = "upstream_error_event"
 """``error.type`` value: the upstream sent an error event inside a 200 stream (vLLM does
 when the engine fails mid-generation); its message is never recorded."""
+HTTP_REQUEST_METHOD: Final = "http.request.method"
+"""Root span: the request's method when known (``HTTP_KNOWN_METHODS``), else ``_OTHER``."""
+HTTP_REQUEST_METHOD_ORIGINAL: Final = "http.request.method_original"
+"""Root span: the method as the client sent it, set only when it was not a known one."""
+HTTP_METHOD_OTHER: Final = "_OTHER"
+"""``http.request.method`` of a request whose method is not known: a client's made-up
+method never becomes a new attribute value."""
+HTTP_SPAN_NAME_OTHER: Final = "HTTP"
+"""Root span name (``HTTP`` or ``HTTP {route}``) for a method that is not known: a junk
+method never becomes a new span name (HTTP semconv)."""
+HTTP_KNOWN_METHODS: Final = frozenset(
+    ("CONNECT", "DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+)
+"""The methods known by default (RFC 9110 and PATCH, as HTTP semconv defines them; case
+matters). ``OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS`` (comma-separated) replaces them."""
+ENV_HTTP_KNOWN_METHODS: Final = "OTEL_INSTRUMENTATION_HTTP_KNOWN_METHODS"
+"""Environment variable overriding ``HTTP_KNOWN_METHODS`` (a full replacement)."""
 
 # HTTP semantic conventions on the gateway's root (SERVER) span.
-HTTP_REQUEST_METHOD: Final = "http.request.method"
-"""HTTP method of the request as received."""
 HTTP_ROUTE: Final = "http.route"
 """The matched route template (e.g. ``/v1/chat/completions``), when the framework names one."""
 HTTP_RESPONSE_STATUS_CODE: Final = "http.response.status_code"
@@ -273,7 +288,8 @@ COMPONENT_RESPONSE_HOOK: Final = "response_hook"
 COMPONENT_BILLING: Final = "billing"
 """``component`` label value: billing a finished request failed."""
 COMPONENT_METRICS: Final = "metrics"
-"""``component`` label value: recording a finished request's metrics failed."""
+"""``component`` label value: a finished request's figures could not be recorded in the
+gateway series (one count per bad record; the rest of its batch is recorded)."""
 COMPONENT_UPSTREAM_EVENT: Final = "upstream_event"
 """``component`` label value: an upstream event or body could not be read (not JSON, or not
 the expected shape); the bytes still reach the app unchanged."""
@@ -289,7 +305,7 @@ SLI_REQUESTS: Final = "stagelens_sli_requests_total"
 SLI_ERRORS: Final = "stagelens_sli_errors_total"
 """Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels: model, sli)."""  # noqa: E501
 UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
-"""Histogram (label: model): from the start of the inference stage (upstream request sent)
+"""Histogram {model}: from the start of the inference stage (upstream request sent)
 to the first output-bearing event received from the upstream (streamed calls only). The
 inference stage's share of the time to first token; its stage budget applies to this."""
 LABEL_SLI: Final = "sli"
@@ -402,6 +418,12 @@ VLLM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
 """vLLM: requests waiting to be scheduled."""
 VLLM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
 """vLLM: cumulative preemptions."""
+VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
+"""vLLM: output tokens the engine generated (finished requests; aborted ones not counted)."""
+VLLM_MODEL_NAME: Final = "model_name"
+"""vLLM's label for the served model name (stagelens says ``model``)."""
+DCGM_UUID: Final = "UUID"
+"""DCGM exporter's label for the GPU UUID (stagelens says ``uuid``)."""
 DCGM_GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
 """DCGM: GPU utilisation in percent."""
 DCGM_SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
@@ -426,6 +448,15 @@ COMPONENT_VLLM_OTLP_METRICS: Final = "vllm_otlp_metrics"
 """``component`` label value: an OTLP export of the plugin's metrics failed (collector down)."""
 COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
 """``component`` label value: the NVML collector could not be imported or registered."""
+COMPONENT_VLLM_TRACES: Final = "vllm_traces"
+"""``component`` label value: engine spans (``STAGELENS_VLLM_TRACES=1``) could not be set up
+from the ``OTEL_*`` settings, or one could not be built (the engine went on)."""
+COMPONENT_LEDGER: Final = "ledger"
+"""``component`` label value: the reference gateway's usage ledger (SQLite, PostgreSQL)
+could not be written or read; the request was served, its usage is not on record."""
+COMPONENT_RATE_LIMITER: Final = "rate_limiter"
+"""``component`` label value: the reference gateway's shared rate limiter (Redis) did not
+answer; the request was let through unlimited."""
 
 UNIT_SECONDS: Final = "s"
 """UCUM unit of durations; OTel->Prometheus adds ``_seconds``."""

@@ -108,6 +108,12 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         sc.REJECTIONS, "counter", "requests", (sc.LABEL_STAGE, sc.LABEL_MODEL, sc.LABEL_CODE), _GW
     ),
+    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(
+        sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
+    ),
     MetricSpec(
         sc.TOKENS, "counter", "tokens", (sc.LABEL_MODEL, sc.LABEL_TENANT, sc.LABEL_TYPE), _GW
     ),
@@ -118,12 +124,6 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         sc.TELEMETRY_ERRORS, "counter", "errors", (sc.LABEL_COMPONENT,), (GATEWAY, VLLM_PLUGIN)
     ),
     MetricSpec(sc.SPANS_DROPPED, "counter", "spans", (sc.LABEL_REASON,), _GW),
-    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
-    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
-    MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
-    MetricSpec(
-        sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
-    ),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),
@@ -240,6 +240,7 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.SERVER_PORT, "int"),
     AttributeSpec(sc.ERROR_TYPE, "string"),
     AttributeSpec(sc.HTTP_REQUEST_METHOD, "string"),
+    AttributeSpec(sc.HTTP_REQUEST_METHOD_ORIGINAL, "string"),
     AttributeSpec(sc.HTTP_ROUTE, "string"),
     AttributeSpec(sc.HTTP_RESPONSE_STATUS_CODE, "int"),
     AttributeSpec(sc.URL_PATH, "string"),
@@ -270,6 +271,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         "none (or the caller's span, from an incoming traceparent)",
         (
             sc.HTTP_REQUEST_METHOD,
+            sc.HTTP_REQUEST_METHOD_ORIGINAL,
             sc.URL_PATH,
             sc.URL_SCHEME,
             sc.SERVER_ADDRESS,
@@ -286,7 +288,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         ),
         _GW,
         "The request at the gateway, receipt to last byte sent (the trace's root). Named by "
-        "the method alone when the framework names no route.",
+        "the method alone when the framework names no route; a method that is not a known "
+        "one is named `HTTP` (`http.request.method` `_OTHER`).",
     ),
     SpanSpec(
         f"{{{sc.ATTR_STAGE}}}",
@@ -346,6 +349,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "PHASE_": sc.LABEL_PHASE,
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
+    "SLI_": sc.LABEL_SLI,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,
     "TENANT_": sc.LABEL_TENANT,
     "MODEL_": sc.LABEL_MODEL,
@@ -354,7 +358,6 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "HW_TYPE_": sc.ATTR_HW_TYPE,
     "HW_GPU_TASK_": sc.ATTR_HW_GPU_TASK,
     "HW_VENDOR_": sc.ATTR_HW_VENDOR,
-    "SLI_": sc.LABEL_SLI,
     "BILLING_": sc.LABEL_BILLING,
     "ERROR_TYPE_": sc.ERROR_TYPE,
 }

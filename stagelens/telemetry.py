@@ -16,6 +16,7 @@ from opentelemetry import trace
 from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 
 from stagelens import semconv as sc
+from stagelens._failures import FailureReporter
 from stagelens._instruments import Instruments, instruments_for
 from stagelens._version import __version__
 from stagelens.config import Settings, load_settings
@@ -59,8 +60,8 @@ class Telemetry:
         self.models = ModelLabels(
             self.settings.models, self.settings.max_models, default=self.settings.default_model
         )
-        self._logged: set[str] = set()
-        self._log_lock = threading.Lock()
+        errors = self.instruments.telemetry_errors
+        self._failures = FailureReporter(lambda component: errors.get(component).inc(), logger)
 
     def derive(self, *, prices: PriceTable | None = None, **overrides: Any) -> Telemetry:
         """A Telemetry recording where this one records (same tracer provider and
@@ -96,24 +97,9 @@ class Telemetry:
             shutdown()
 
     def report_error(self, component: str, exc: BaseException) -> None:
-        """Count a swallowed telemetry failure; log it the first time per component only."""
-        try:
-            self.instruments.telemetry_errors.get(component).inc()
-            with self._log_lock:
-                first = component not in self._logged
-                self._logged.add(component)
-            if first:
-                logger.warning(
-                    "stagelens: %s failed (%s: %s); serving continues, further failures "
-                    "are only counted in %s{component=%r}",
-                    component,
-                    type(exc).__name__,
-                    exc,
-                    sc.TELEMETRY_ERRORS,
-                    component,
-                )
-        except Exception:
-            pass
+        """Count a swallowed telemetry failure; log it the first time per component only
+        (its type, never its message: see ``stagelens._failures``)."""
+        self._failures.report(component, exc)
 
 
 _default: Telemetry | None = None

@@ -15,7 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from stagelens.reference.ledger import LEDGER_URL_ENV
 from stagelens.reference.vllm_server import VllmServer
+
+from tests._otlp_receiver import OtlpReceiver, otlp_receiver
+from tests._stores import postgres_bin, running_postgres, running_redis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO_ROOT / ".cache" / "test-artifacts"
@@ -44,9 +48,16 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
+def vllm_span_receiver() -> Iterator[OtlpReceiver]:
+    """The OTLP/HTTP receiver the primary vLLM server's engine spans go to."""
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model: Path, vllm_span_receiver: OtlpReceiver) -> Iterator[VllmServer]:
     """The primary real vLLM server, serving the tiny model as ``tiny``, tool calls on (as
-    the demo starts it); started once.
+    the demo starts it); its engine spans go to ``vllm_span_receiver``; started once.
 
     Never kill this one in a test: start a dedicated server for destructive tests.
     """
@@ -57,7 +68,7 @@ def vllm_server(tiny_model: Path) -> Iterator[VllmServer]:
         port=free_port(),
         served_model_names=("tiny", "tiny-chat"),
         log_path=ARTIFACTS / "vllm-primary.log",
-        env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
+        env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm(vllm_span_receiver.url)},
         tool_call_parser=TOOL_CALL_PARSER,
     )
     server.start()
@@ -89,9 +100,18 @@ def vllm_embed_server(tiny_model: Path) -> Iterator[VllmServer]:
         server.stop()
 
 
-def _otel_env_for_vllm() -> dict[str, str]:
-    """Keep the vLLM child from exporting to a collector that is not there."""
-    return {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
+def _otel_env_for_vllm(span_receiver: str | None = None) -> dict[str, str]:
+    """The plugin's engine spans (``STAGELENS_VLLM_TRACES=1``) go to ``span_receiver`` (none
+    without one); no metrics are exported (there is no collector for them)."""
+    if span_receiver is None:
+        return {"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "none"}
+    return {
+        "OTEL_METRICS_EXPORTER": "none",
+        "STAGELENS_VLLM_TRACES": "1",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{span_receiver}/v1/traces",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
 
 
 @pytest.fixture
@@ -104,3 +124,35 @@ def anyio_backend() -> str:
 def port_factory() -> object:
     """``free_port()`` for fixtures and tests (conftest functions are not importable)."""
     return free_port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ledger_in_a_temp_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Gateways built by the tests keep their usage ledger in a file of this session (never
+    the user's default one), unless a test names another."""
+    path = tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"
+    before = os.environ.get(LEDGER_URL_ENV)
+    os.environ[LEDGER_URL_ENV] = f"sqlite://{path}"
+    yield
+    if before is None:
+        os.environ.pop(LEDGER_URL_ENV, None)
+    else:
+        os.environ[LEDGER_URL_ENV] = before
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a real throwaway PostgreSQL (Debian's ``postgresql``), started once."""
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (bash scripts/setup.sh installs it as root)")
+    with running_postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real throwaway redis-server (Debian's ``redis-server``), started once."""
+    if not Path("/usr/bin/redis-server").exists():
+        pytest.skip("redis-server is not installed (bash scripts/setup.sh installs it as root)")
+    with running_redis() as url:
+        yield url

@@ -1,7 +1,9 @@
-"""The SLO config and the rule generator: validation, determinism, committed files current."""
+"""The SLO config and the rule generator: validation, one threshold with the gateway,
+determinism, committed files current, runbook complete."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,74 +14,112 @@ from stagelens.alert_rules import (
     ALERTS_FILE,
     ALL_ALERTS,
     RULES_FILE,
+    RUNBOOK_FILE,
     dump_yaml,
     render_alerts,
-    render_rules,
     write_rule_files,
 )
 from stagelens.cli import main
 from stagelens.errors import ConfigurationError
-from stagelens.slo import SloConfig, duration_seconds, load_slo_config, slo_config_from_mapping
+from stagelens.recording_rules import render_rules
+from stagelens.runbook import DASHBOARD_UIDS, render_runbook, runbook_entries
+from stagelens.slo import (
+    SLIS,
+    SloConfig,
+    duration_seconds,
+    gateway_thresholds,
+    load_slo_config,
+    slo_config_from_mapping,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _alerts(cfg: SloConfig) -> list[dict[str, object]]:
+    return [r for g in render_alerts(cfg)["groups"] for r in g["rules"]]
+
+
 class TestSloConfig:
     def test_defaults_match_the_contract(self) -> None:
-        """Default threshold 0.5 s, objective 95 %, period 30d and the four burn pairs."""
+        """Default TTFT threshold 0.5 s, objective 95 %, period 30d and the four burn pairs."""
         cfg = SloConfig()
         assert cfg.ttft_threshold_seconds == 0.5
-        assert cfg.ttft_objective == 0.95
+        assert cfg.objectives[sc.SLI_TTFT] == 0.95
         assert cfg.period == "30d"
-        pairs = [(w.long, w.short, w.factor, w.severity) for w in cfg.ttft_burn_windows]
+        pairs = [(w.long, w.short, w.factor, w.severity) for w in cfg.burn_windows]
         assert pairs == [
             ("1h", "5m", 14.4, "page"),
             ("6h", "30m", 6, "page"),
             ("1d", "2h", 3, "ticket"),
             ("3d", "6h", 1, "ticket"),
         ]
-        cost = [(w.long, w.short, w.factor, w.severity) for w in cfg.cost_burn_windows]
-        assert cost == [("1h", "5m", 6, "page"), ("6h", "30m", 2, "ticket")]
+        assert list(cfg.objectives) == list(SLIS)
 
-    def test_threshold_off_bucket_boundary_is_rejected(self) -> None:
-        """A TTFT threshold that is not a bucket boundary raises ConfigurationError."""
+    def test_threshold_off_bucket_boundary_is_rejected(self, monkeypatch) -> None:
+        """A TTFT threshold that is not a bucket boundary raises ConfigurationError, even when
+        the gateway is set to it."""
+        monkeypatch.setenv("STAGELENS_TTFT_SLO_THRESHOLD_SECONDS", "0.6")
         with pytest.raises(ConfigurationError, match="bucket boundary"):
-            slo_config_from_mapping({"ttft_threshold_seconds": 0.6})
+            slo_config_from_mapping({})
 
-    def test_bad_duration_and_unknown_key_are_rejected(self) -> None:
-        """Malformed durations and unknown keys raise ConfigurationError, not pydantic errors."""
-        with pytest.raises(ConfigurationError):
-            slo_config_from_mapping({"period": "thirty days"})
-        with pytest.raises(ConfigurationError):
-            slo_config_from_mapping({"ttft_treshold_seconds": 0.5})
+    def test_thresholds_come_from_the_gateway_settings(self, monkeypatch) -> None:
+        """Without a value of its own, the SLO config uses the gateway's STAGELENS_* threshold."""
+        monkeypatch.setenv("STAGELENS_TTFT_SLO_THRESHOLD_SECONDS", "0.25")
+        cfg = load_slo_config()
+        assert cfg.ttft_threshold_seconds == 0.25
+        assert gateway_thresholds()[0] == 0.25
 
-    def test_duration_seconds(self) -> None:
-        """Prometheus durations convert to float seconds."""
-        assert duration_seconds("30d") == 2592000
-        assert duration_seconds("5m") == 300
-        assert isinstance(duration_seconds("5m"), (int, float))
+    def test_a_threshold_that_disagrees_with_the_gateway_is_rejected(self, tmp_path) -> None:
+        """An SLO config threshold other than the gateway's raises, naming the setting: the two
+        cannot silently describe different SLOs."""
+        path = tmp_path / "slo.yaml"
+        path.write_text("ttft_threshold_seconds: 0.25\n")
+        with pytest.raises(ConfigurationError, match="STAGELENS_TTFT_SLO_THRESHOLD_SECONDS"):
+            load_slo_config(path)
+        path.write_text("itl_threshold_seconds: 0.05\n")
+        with pytest.raises(ConfigurationError, match="STAGELENS_ITL_SLO_THRESHOLD_SECONDS"):
+            load_slo_config(path)
 
-    def test_load_from_yaml(self, tmp_path: Path) -> None:
-        """A YAML file overrides the defaults it names and keeps the rest."""
+    def test_an_agreeing_threshold_is_accepted(self, tmp_path, monkeypatch) -> None:
+        """The same value in the config and in the gateway's environment is fine."""
+        monkeypatch.setenv("STAGELENS_TTFT_SLO_THRESHOLD_SECONDS", "0.25")
         path = tmp_path / "slo.yaml"
         path.write_text("ttft_threshold_seconds: 0.25\ndaily_budgets_usd: {acme: 5}\n")
         cfg = load_slo_config(path)
         assert cfg.ttft_threshold_seconds == 0.25
         assert cfg.daily_budgets_usd == {"acme": 5.0}
-        assert cfg.ttft_objective == 0.95
+
+    def test_bad_duration_unknown_key_and_objectives_are_rejected(self) -> None:
+        """Malformed durations, unknown keys, a missing SLI objective raise ConfigurationError."""
+        with pytest.raises(ConfigurationError):
+            slo_config_from_mapping({"period": "thirty days"})
+        with pytest.raises(ConfigurationError):
+            slo_config_from_mapping({"ttft_treshold_seconds": 0.5})
+        with pytest.raises(ConfigurationError, match="objectives"):
+            slo_config_from_mapping({"objectives": {"ttft": 0.95}})
+        with pytest.raises(ConfigurationError):
+            slo_config_from_mapping(
+                {"burn_windows": [{"long": "1h", "short": "5m", "factor": 1, "severity": "urgent"}]}
+            )
+
+    def test_duration_seconds(self) -> None:
+        """Prometheus durations convert to float seconds."""
+        assert duration_seconds("30d") == 2592000
+        assert duration_seconds("5m") == 300
 
 
 class TestRuleGenerator:
     def test_committed_files_are_current(self) -> None:
-        """alerts/*.yaml equal what the default config renders (the drift check in a test)."""
+        """alerts/* equal what the default config renders (the drift check in a test)."""
         cfg = SloConfig()
         assert (ROOT / "alerts" / RULES_FILE).read_text() == dump_yaml(render_rules(cfg))
         assert (ROOT / "alerts" / ALERTS_FILE).read_text() == dump_yaml(render_alerts(cfg))
+        assert (ROOT / "alerts" / RUNBOOK_FILE).read_text() == render_runbook(cfg)
 
     def test_every_alert_has_the_required_fields_and_runbook_anchor(self) -> None:
         """Every alert carries severity, summary, description and a runbook anchor that exists."""
-        runbook = (ROOT / "alerts" / "runbook.md").read_text()
-        rules = [r for g in render_alerts(SloConfig())["groups"] for r in g["rules"]]
+        runbook = (ROOT / "alerts" / RUNBOOK_FILE).read_text()
+        rules = _alerts(SloConfig())
         assert {r["alert"] for r in rules} == set(ALL_ALERTS)
         for rule in rules:
             assert rule["labels"]["severity"] in {"page", "ticket"}
@@ -88,18 +128,68 @@ class TestRuleGenerator:
             assert f"## {rule['alert']}\n" in runbook
             assert anchor == rule["alert"].lower()
 
+    def test_one_alert_per_sli_and_severity(self) -> None:
+        """The burn-rate pairs of one severity are one rule (a burn that trips both page pairs
+        is one page), and each of them needs a minimum of requests."""
+        rules = _alerts(SloConfig())
+        burn = [
+            r
+            for r in rules
+            if str(r["alert"]).endswith("BudgetBurn") and r["alert"] != sc.ALERT_COST_BUDGET_BURN
+        ]
+        keys = [(r["alert"], r["labels"]["severity"]) for r in burn]
+        assert len(keys) == len(set(keys)) == 2 * len(SLIS)
+        for rule in burn:
+            assert str(rule["expr"]).count(">= 30") == 2
+
+    def test_runbook_has_every_part_for_every_alert(self) -> None:
+        """Each alert has one runbook entry with meaning, impact, PromQL, a trace query, at
+        least one dashboard panel and an action; the panels exist in the dashboards."""
+        entries = runbook_entries(SloConfig())
+        assert [e.alert for e in entries] == list(ALL_ALERTS)
+        titles = {}
+        for stem in DASHBOARD_UIDS.values():
+            board = json.loads((ROOT / "dashboards" / f"{stem}.json").read_text())
+            titles[board["title"]] = {p["title"] for p in board["panels"]}
+        for entry in entries:
+            assert entry.meaning
+            assert entry.impact
+            assert entry.promql
+            assert entry.actions
+            assert entry.traceql.startswith("{")
+            assert entry.panels
+            for board, panel in entry.panels:
+                assert panel in titles[board], (entry.alert, board, panel)
+
+    def test_rules_keep_cluster_and_namespace(self) -> None:
+        """Every aggregation in the recording rules keeps cluster (and namespace except for
+        GPUs, which two exporters in two namespaces report)."""
+        for group in render_rules(SloConfig())["groups"]:
+            for rule in group["rules"]:
+                for part in str(rule["expr"]).split("by (")[1:]:
+                    labels = part.split(")")[0]
+                    if ":configured" in part.split(")")[1]:
+                        continue  # the config's own value: it has no environment
+                    assert labels.startswith("cluster"), (rule["record"], labels)
+                    if "uuid" not in labels:
+                        assert labels.startswith("cluster, namespace"), (rule["record"], labels)
+
+    def test_alert_labels_and_aggregation_labels_are_configurable(self) -> None:
+        """alert_labels land on every alert; aggregation_labels replace cluster/namespace."""
+        cfg = slo_config_from_mapping(
+            {"alert_labels": {"team": "llm"}, "aggregation_labels": ["region"]}
+        )
+        assert all(r["labels"]["team"] == "llm" for r in _alerts(cfg))
+        exprs = " ".join(str(r["expr"]) for g in render_rules(cfg)["groups"] for r in g["rules"])
+        assert "by (region, model, sli)" in exprs
+        assert "namespace" not in exprs
+
     def test_recording_rules_follow_level_metric_operations(self) -> None:
         """Every recording rule name has exactly three colon-separated parts."""
         records = [r["record"] for g in render_rules(SloConfig())["groups"] for r in g["rules"]]
-        assert "stagelens:ttft_slo_errors:ratio_rate5m" in records
+        assert "stagelens:sli_errors:ratio_rate5m" in records
         for name in records:
             assert len(name.split(":")) == 3, name
-
-    def test_threshold_is_the_le_bucket(self) -> None:
-        """The SLI counts the bucket whose `le` equals the configured threshold."""
-        cfg = slo_config_from_mapping({"ttft_threshold_seconds": 0.25})
-        exprs = [r["expr"] for g in render_rules(cfg)["groups"] for r in g["rules"]]
-        assert any(f'{sc.TIME_TO_FIRST_TOKEN}_bucket{{le="0.25"}}' in e for e in exprs)
 
     def test_configured_budgets_become_fallback_series(self) -> None:
         """daily_budgets_usd renders one labelled recording rule per tenant."""
@@ -114,16 +204,21 @@ class TestRuleGenerator:
             }
         ]
 
-    def test_cli_render_writes_both_files(self, tmp_path: Path) -> None:
-        """`stagelens slo render --config --out` writes parseable rules for the user's config."""
+    def test_cli_render_writes_the_files(self, tmp_path: Path) -> None:
+        """`stagelens slo render --config --out` writes rules, alerts and runbook for the
+        user's config."""
         cfg = tmp_path / "slo.yaml"
-        cfg.write_text("ttft_threshold_seconds: 1.0\nttft_objective: 0.99\n")
+        cfg.write_text("objectives: {availability: 0.999, ttft: 0.99, itl: 0.95, goodput: 0.9}\n")
         assert main(["slo", "render", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 0
         alerts = yaml.safe_load((tmp_path / "out" / ALERTS_FILE).read_text())
-        p95 = [
-            r for g in alerts["groups"] for r in g["rules"] if r["alert"] == sc.ALERT_TTFT_P95_HIGH
+        ttft = [
+            r
+            for g in alerts["groups"]
+            for r in g["rules"]
+            if r["alert"] == sc.ALERT_TTFT_BUDGET_BURN and r["labels"]["severity"] == "page"
         ]
-        assert p95[0]["expr"].startswith("stagelens:ttft_seconds:p95_rate5m > 1.0")
+        assert "(14.4 * 0.01)" in ttft[0]["expr"]
+        assert "objective 0.99" in (tmp_path / "out" / RUNBOOK_FILE).read_text()
 
     def test_cli_reports_invalid_config(self, tmp_path: Path) -> None:
         """An invalid config makes the CLI exit 2 instead of writing files."""

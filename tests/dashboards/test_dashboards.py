@@ -15,7 +15,7 @@ from stagelens.dashboards import build
 from stagelens.dashboards.panels import DATASOURCE_VAR, ROW_ORDER_LEGEND
 
 from stagelens import semconv as sc
-from stagelens.alert_rules import render_rules
+from stagelens.recording_rules import render_rules
 from stagelens.slo import SloConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,13 +88,14 @@ def _panel(board: str, title: str) -> dict[str, Any]:
     return panels[0]
 
 
+VARIABLES = ("model", "tenant", "cluster", "namespace", "instance", "gpu")
+
+
 def _concrete(expr: str) -> str:
-    return (
-        expr.replace("$__rate_interval", "5m")
-        .replace("$__range", "1h")
-        .replace("$model", ".*")
-        .replace("$tenant", ".*")
-    )
+    expr = expr.replace("$__rate_interval", "5m").replace("$__range", "1h")
+    for name in VARIABLES:
+        expr = expr.replace(f"${name}", ".*")
+    return expr
 
 
 def _promtool_eval(tmp_path: Path, series: list[dict[str, str]], tests: list[Any]) -> str:
@@ -134,6 +135,17 @@ _MODEL_LABELLED = {
     sc.ENGINE_REQUESTS_WAITING,
     sc.ENGINE_PREEMPTIONS,
     sc.REJECTIONS,
+    sc.SLI_REQUESTS,
+    sc.SLI_ERRORS,
+    sc.UPSTREAM_TTFT,
+}
+FLEET_PANELS = {"GPU-time cost per output token (fleet)"}
+"""Panels that divide fleet-wide figures on purpose (GPUs belong to no model or tenant)."""
+_MODEL_RECORDS = {
+    r["record"]
+    for g in render_rules(SloConfig())["groups"]
+    for r in g["rules"]
+    if "model" in r["expr"] or r["record"].startswith("stagelens:sli")
 }
 _SELECTOR_RE = re.compile(r"(?<![\w:\"])((?:stagelens|vllm)[A-Za-z0-9_:]*)(\{[^}]*\})?")
 
@@ -156,7 +168,9 @@ class TestQueries:
                     base = re.sub(r"_(bucket|sum|count)$", "", metric)
                     if metric.startswith("vllm:"):
                         assert 'model_name=~"$model"' in selector, f"{title}: {metric}"
-                    elif base in _MODEL_LABELLED or metric.startswith("stagelens:ttft_slo"):
+                    elif title in FLEET_PANELS:
+                        assert "$model" not in selector, f"{title}: {metric}"
+                    elif base in _MODEL_LABELLED or metric in _MODEL_RECORDS:
                         assert 'model=~"$model"' in selector, f"{title}: {metric}"
                     else:
                         continue
@@ -192,16 +206,18 @@ class TestQueries:
     def test_gpu_cost_per_token_uses_the_exported_price(self, tmp_path: Path) -> None:
         """GPU-time cost per output token = sum of stagelens_gpu_cost_usd_per_hour / 3600 per
         output token; the SLO-config price x GPUs only where no GPU exports a price."""
-        expr = _concrete(
-            _panel("stagelens-tokens-cost.json", "GPU-time cost per output token")["targets"][0][
-                "expr"
-            ]
-        )
+        panel = _panel("stagelens-tokens-cost.json", "GPU-time cost per output token (fleet)")
+        expr = _concrete(panel["targets"][0]["expr"].replace("$model", "tiny"))
         price = SloConfig().gpu_hourly_cost_usd
-        tokens = {
-            "series": 'stagelens_tokens_total{model="tiny", tenant="a", type="output"}',
-            "values": "0+120x20",  # 2 output tokens per second
-        }
+        # 2 output tokens per second in all, from two models: the GPUs serve both, so the
+        # cost per token divides by both whatever model the variable picks (finding 14).
+        tokens = [
+            {
+                "series": f'stagelens_tokens_total{{model="{model}", tenant="a", type="output"}}',
+                "values": "0+60x20",
+            }
+            for model in ("tiny", "big")
+        ]
         gpus = [
             {
                 "series": f'{sc.GPU_MEMORY_TOTAL}{{gpu="{i}", uuid="U{i}", name="H100"}}',
@@ -222,7 +238,7 @@ class TestQueries:
         for series, value in ((gpus + priced, exported), (gpus, fallback)):
             _promtool_eval(
                 tmp_path,
-                [tokens, *series],
+                [*tokens, *series],
                 [
                     {
                         "expr": expr,
@@ -277,12 +293,7 @@ class TestLint:
         rules = []
         for board in _dashboards().values():
             for _, expr in panel_queries(board):
-                concrete = (
-                    expr.replace("$__rate_interval", "5m")
-                    .replace("$__range", "1h")
-                    .replace("$model", ".*")
-                    .replace("$tenant", ".*")
-                )
+                concrete = _concrete(expr)
                 rules.append({"record": f"lint:query:n{len(rules)}", "expr": concrete})
         path = tmp_path / "queries.yaml"
         path.write_text(yaml.safe_dump({"groups": [{"name": "lint", "rules": rules}]}))

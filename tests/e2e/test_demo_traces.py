@@ -50,7 +50,7 @@ def _run_demo_traffic(traces: DemoTraces, vllm_server, tiny_model, serve_app, n:
     printed: list[str] = []
     try:
         with serve_app(app) as url:
-            asyncio.run(_traffic(url, DEMO_API_KEY, n))
+            asyncio.run(_traffic(url, DEMO_API_KEY, n, embeddings=False))
             trace_id = traces.print_slowest(telemetry, n, out=printed.append)
     finally:
         telemetry.shutdown()
@@ -223,12 +223,13 @@ class TestDemoTrace:
                     ).json()
                     traces.wait_for(telemetry, 1)
                 completion = answer["choices"][0]["message"]["content"]
-                stored = repr(
-                    [
-                        s.attributes
-                        for t in traces.receiver.store.summaries()
-                        for s in traces.receiver.store.get(t.trace_id)
-                    ]
+                # The attribute values themselves, not their repr (which doubles the
+                # backslash of a JSON-escaped non-ASCII character).
+                stored = "\n".join(
+                    f"{key}={value}"
+                    for t in traces.receiver.store.summaries()
+                    for s in traces.receiver.store.get(t.trace_id)
+                    for key, value in s.attributes.items()
                 )
             finally:
                 telemetry.shutdown()

@@ -1,11 +1,15 @@
 """Dashboards and alerts against real Prometheus + Alertmanager scraping a real stack.
 
 A FastAPI gateway instrumented with the public stagelens API proxies to the session's real
-vLLM server; Prometheus scrapes both. Every dashboard panel query is evaluated through the
-HTTP API and must return series; then an admission delay pushes TTFT over the threshold and
-StagelensTTFTP95High must reach the Alertmanager webhook, and a tiny daily budget must make
-StagelensCostBudgetBurn do the same. The alert rules used here come from the same generator
-as alerts/*.yaml, with second-scale windows so the test takes about a minute.
+vLLM server; Prometheus scrapes both, two GPU exporters (the NVML fake, one of them with its
+driver gone) and a backend job whose only target is dead. Every dashboard panel query is
+evaluated through the HTTP API and must return series, each drawn once; then real conditions
+fire the alerts into a real Alertmanager: an admission delay (TTFT p95 ticket, router stage
+over budget), spend (cost page), the dead backend (backend down, no backend up), an unscraped
+gateway job (gateway absent), calls that bypass the gateway (billing drift), the broken GPU
+collector, and, where the gateway records the SLI counters, an all-503 window (availability
+and TTFT burn pages). The rules come from the same generator as alerts/*.yaml, with
+second-scale windows, so the test takes a few minutes.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +37,28 @@ from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import stagelens
+from stagelens import alert_rules as ar
 from stagelens import semconv as sc
-from stagelens.alert_rules import dump_yaml, render_alerts, render_rules
+from stagelens.alert_rules import dump_yaml, render_alerts
+from stagelens.recording_rules import render_rules
 from stagelens.slo import BurnWindow, SloConfig
 from tests._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
 TINY_BUDGET_TENANT = "acme"
+ACME_DAILY_BUDGET_USD = 0.01
+"""Small enough that a minute of acme's traffic is on course to spend twice of it in an
+hour (the cost page), large enough to read as a budget (the previews use real ones)."""
 SERVED_MODEL = "tiny"
 GPU_PRICE_USD_PER_HOUR = 2.5
 """Per-GPU price the gpu-exporter publishes here; differs from the SLO config default (2.0)."""
+ROUTER_BUDGET_SECONDS = 0.25
+"""The gateway's router budget here: the 0.7 s admission delay overruns it."""
+DEAD_BACKEND_JOB = "dead-vllm"
+"""A backend job whose only target has nothing listening."""
+VANISHED_GATEWAY_JOB = "gateway-vanished"
+"""A gateway job no target has: what Prometheus sees once every gateway pod is gone."""
 
 pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
 
@@ -54,17 +71,22 @@ def free_port() -> int:
 
 
 class Gateway:
-    """The instrumented gateway, served by uvicorn on a loopback port in a thread."""
+    """The instrumented gateway, served by uvicorn on a loopback port in a thread.
+
+    ``admission_delay`` slows the router stage; ``fail_status`` makes the router answer every
+    request with that status (an all-503 window)."""
 
     def __init__(self, upstream_url: str) -> None:
         self.admission_delay = 0.0
+        self.fail_status = 0
         self.port = free_port()
         telemetry = stagelens.configure(
             registry=CollectorRegistry(),
             set_global=False,
             span_exporters=[],
-            daily_budgets_usd={TINY_BUDGET_TENANT: 0.000001, "big": 1000.0},
+            daily_budgets_usd={TINY_BUDGET_TENANT: ACME_DAILY_BUDGET_USD, "big": 1000.0},
             tenants=(TINY_BUDGET_TENANT, "big"),
+            stage_budgets_seconds={"router": ROUTER_BUDGET_SECONDS},
         )
         client = httpx.AsyncClient(base_url=upstream_url, timeout=60)
         stagelens.instrument_httpx_client(client, telemetry=telemetry)
@@ -75,12 +97,18 @@ class Gateway:
             body = await request.json()
             with stagelens.stage(stagelens.Stage.TOKENIZER):
                 body.setdefault("max_tokens", 8)
+                if body.get("stream"):  # usage at the end of the stream: what billing reads
+                    body.setdefault("stream_options", {"include_usage": True})
             try:
                 with stagelens.stage(stagelens.Stage.ROUTER):
                     if body.get("model") != SERVED_MODEL:
                         raise stagelens.Rejected(404, "no such model", code="model_not_found")
                     if self.admission_delay:
                         await asyncio.sleep(self.admission_delay)
+                    if self.fail_status:
+                        raise stagelens.Rejected(
+                            self.fail_status, "no capacity", code="admission_timeout"
+                        )
             except stagelens.Rejected as rejection:
                 return JSONResponse(rejection.body(), status_code=rejection.status_code)
             upstream = client.build_request("POST", "/v1/chat/completions", json=body)
@@ -132,10 +160,17 @@ class Gateway:
         self.thread.join(timeout=10)
 
 
-def send_traffic(gateway: Gateway, seconds: float, concurrency: int = 2) -> int:
+PREFIX = "You are a helpful assistant that answers briefly. " * 30
+"""A shared prompt prefix longer than a 128-token block: the prefix cache hits."""
+
+
+def send_traffic(
+    gateway: Gateway, seconds: float, concurrency: int = 2, *, direct_to: str | None = None
+) -> int:
     """Streamed and plain chat requests from two tenants, plus rejections: a 404 from the router
-    (unknown model) and a 401 from the gateway (no tenant); returns the count."""
-    prefix = "You are a helpful assistant that answers briefly. " * 30  # > 128 tokens: cache hits
+    (unknown model) and a 401 from the gateway (no tenant); returns the count. With
+    ``direct_to`` (a vLLM base URL), every third request goes there instead, past the gateway:
+    generated, never billed."""
 
     async def worker(n: int, stop: float, client: httpx.AsyncClient) -> int:
         sent = 0
@@ -143,16 +178,19 @@ def send_traffic(gateway: Gateway, seconds: float, concurrency: int = 2) -> int:
             tenant = TINY_BUDGET_TENANT if (n + sent) % 2 else "big"
             body: dict[str, Any] = {
                 "model": "tiny",
-                "messages": [{"role": "user", "content": f"{prefix} question {sent % 3}"}],
+                "messages": [{"role": "user", "content": f"{PREFIX} question {sent % 3}"}],
                 "max_tokens": 8,
                 "stream": bool(sent % 2),
             }
             headers = {"x-tenant": tenant}
-            if sent % 7 == 6:
+            url = "/v1/chat/completions"
+            if direct_to is not None and sent % 3 == 2:
+                url = f"{direct_to}/v1/chat/completions"
+            elif sent % 7 == 6:
                 body["model"] = "no-such-model"  # rejected by the router: 404
-            if sent % 11 == 10:
+            elif sent % 11 == 10:
                 headers = {}  # rejected by the gateway: 401
-            response = await client.post("/v1/chat/completions", json=body, headers=headers)
+            response = await client.post(url, json=body, headers=headers)
             await response.aread()
             sent += 1
         return sent
@@ -167,29 +205,59 @@ def send_traffic(gateway: Gateway, seconds: float, concurrency: int = 2) -> int:
 
 
 def fast_config() -> SloConfig:
-    """The default SLOs with second-scale windows and `for`, for a one-minute test."""
+    """The default SLOs with second-scale windows and `for`, for a test of minutes; the
+    target alerts select the dead backend job and a gateway job nobody scrapes."""
     return SloConfig(
+        burn_windows=(
+            BurnWindow(long="30s", short="10s", factor=1, severity="page", **{"for": "3s"}),
+        ),
+        min_requests=5,
         ttft_p95_window="15s",
         ttft_p95_for="5s",
-        ttft_burn_windows=(BurnWindow(long="30s", short="10s", factor=1, severity="page"),),
-        cost_burn_windows=(
-            BurnWindow(long="30s", short="10s", factor=6, severity="page", **{"for": "3s"}),
-        ),
+        cost_page_for="3s",
+        stage_latency_window="15s",
+        stage_budget_for="5s",
+        billing_drift_for="3s",
+        billing_drift_min_tokens=1,
+        backend_job_regex=DEAD_BACKEND_JOB,
+        backend_down_for="3s",
+        no_backend_for="3s",
+        gateway_job_regex=VANISHED_GATEWAY_JOB,
+        gateway_absent_for="3s",
+        gpu_collector_down_for="3s",
     )
 
 
+FAST_ALERTS = {
+    ar.ALERT_AVAILABILITY_BUDGET_BURN,
+    sc.ALERT_TTFT_BUDGET_BURN,
+    sc.ALERT_TTFT_P95_HIGH,
+    sc.ALERT_COST_BUDGET_BURN,
+    ar.ALERT_STAGE_OVER_BUDGET,
+    ar.ALERT_BILLING_DRIFT,
+    ar.ALERT_BACKEND_DOWN,
+    ar.ALERT_NO_BACKEND_UP,
+    ar.ALERT_GATEWAY_ABSENT,
+    ar.ALERT_GPU_COLLECTOR_DOWN,
+}
+"""The alerts the test drives, rendered from the fast config and labelled test="fast"."""
+
+
 def _rule_files(tmp: Path) -> list[Path]:
-    """Default rules (what the SLO dashboard reads) plus the fast test alerts."""
+    """Default rules (what the dashboards read) plus the fast test alerts and the records
+    only they read. Every group is evaluated at the global 1 s (the 30d group's 5m would
+    leave the SLO stat panels empty for minutes)."""
     default = SloConfig()
     fast = fast_config()
-    files = {
-        "rules.yaml": render_rules(default),
-        "alerts.yaml": render_alerts(default),
-    }
-    default_records = {r["record"] for g in render_rules(default)["groups"] for r in g["rules"]}
+    rules = render_rules(default)
+    for group in rules["groups"]:
+        group.pop("interval", None)
+    files = {"rules.yaml": rules, "alerts.yaml": render_alerts(default)}
+    default_records = {r["record"] for g in rules["groups"] for r in g["rules"]}
     fast_rules = render_rules(fast)
     for group in fast_rules["groups"]:
         group["name"] = "fast-" + group["name"]
+        group.pop("interval", None)
         group["rules"] = [r for r in group["rules"] if r["record"] not in default_records]
     fast_rules["groups"] = [g for g in fast_rules["groups"] if g["rules"]]
     fast_alerts = render_alerts(fast)
@@ -198,7 +266,7 @@ def _rule_files(tmp: Path) -> list[Path]:
         group["rules"] = [
             {**r, "labels": {**r["labels"], "test": "fast"}}
             for r in group["rules"]
-            if r["alert"] in {sc.ALERT_TTFT_P95_HIGH, sc.ALERT_COST_BUDGET_BURN}
+            if r["alert"] in FAST_ALERTS
         ]
     fast_alerts["groups"] = [g for g in fast_alerts["groups"] if g["rules"]]
     files["fast-rules.yaml"] = fast_rules
@@ -211,18 +279,20 @@ def _rule_files(tmp: Path) -> list[Path]:
     return paths
 
 
+VARIABLES = ("model", "tenant", "cluster", "namespace", "instance", "gpu")
+
+
 def concrete(expr: str) -> str:
     """A panel query with Grafana's variables replaced as Grafana would for this test."""
-    return (
-        expr.replace("$__rate_interval", "20s")
-        .replace("$__range", "2m")
-        .replace("$model", ".*")
-        .replace("$tenant", ".*")
-    )
+    expr = expr.replace("$__rate_interval", "20s").replace("$__range", "2m")
+    for name in VARIABLES:
+        expr = expr.replace(f"${name}", ".*")
+    return expr
 
 
-def dashboard_queries() -> list[tuple[str, str, str]]:
-    """(dashboard file, panel title, expr) for every panel query of the plain dashboards."""
+def dashboard_queries() -> list[tuple[str, str, str, str]]:
+    """(dashboard file, panel title, expr, legend) for every panel query of the plain
+    dashboards."""
     out = []
     for path in sorted(DASHBOARDS.glob("*.json")):
         if path.name.endswith(".gnet.json"):
@@ -231,16 +301,43 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
         for panel in board["panels"]:
             if panel["type"] == "row":
                 continue
-            out.extend((path.name, panel["title"], t["expr"]) for t in panel["targets"])
+            # A table joins its instant queries on a label: a row is its labels, not a legend.
+            table = panel["type"] == "table"
+            out.extend(
+                (path.name, panel["title"], t["expr"], "" if table else t.get("legendFormat", ""))
+                for t in panel["targets"]
+            )
     return out
 
 
+def legend(fmt: str, labels: dict[str, str]) -> str:
+    """A series' name as Grafana draws it: the legend format with its labels filled in (no
+    format: all its labels, as Grafana names such a series)."""
+    if not fmt:
+        return json.dumps(labels, sort_keys=True)
+    text = fmt
+    for key, value in labels.items():
+        text = text.replace("{{" + key + "}}", value)
+    return text
+
+
 @contextlib.contextmanager
-def gpu_exporter(port: int) -> Iterator[None]:
+def gpu_exporter(port: int, *, break_when: Path | None = None) -> Iterator[None]:
     """``stagelens gpu-exporter`` with the NVML fake (no GPU here; the fake mirrors readings
-    from a real H100, see tests/exporters/fake_nvml.py)."""
+    from a real H100, see tests/exporters/fake_nvml.py). ``break_when``: once that file
+    exists, every NVML call fails, as after a driver unload."""
+    broken = (
+        "import os, threading, time, tests.exporters.fake_nvml as f\n"
+        "def gone(path):\n"
+        "    while not os.path.exists(path): time.sleep(0.2)\n"
+        "    f.break_driver(f.NVMLError_DriverNotLoaded)\n"
+        f"threading.Thread(target=gone, args=({str(break_when)!r},), daemon=True).start()\n"
+        if break_when is not None
+        else ""
+    )
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        f"{broken}"
         "from stagelens.cli import main; sys.exit(main(sys.argv[2:]))"
     )
     env = {
@@ -262,6 +359,7 @@ def gpu_exporter(port: int) -> Iterator[None]:
         ],
         env=env,
         cwd=ROOT,
+        stderr=subprocess.DEVNULL if break_when else None,  # its warning, once per scrape
     )
     try:
         deadline = time.monotonic() + 30
@@ -278,19 +376,37 @@ def gpu_exporter(port: int) -> Iterator[None]:
         proc.wait(timeout=10)
 
 
+@dataclass
+class Stack:
+    """What the tests drive and read."""
+
+    gateway: Gateway
+    prom: PromStack
+    sink: WebhookSink
+    vllm_url: str
+    break_gpu: Path
+    """Creating this file takes NVML away from the "gpu-broken" exporter."""
+
+
 @pytest.fixture(scope="module")
-def stack(
-    vllm_server: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Gateway, PromStack, WebhookSink]]:
-    """Gateway + real vLLM + Prometheus + Alertmanager + webhook sink, for this module."""
+def stack(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Gateway + real vLLM + GPU exporters + Prometheus + Alertmanager + webhook sink."""
     tmp = tmp_path_factory.mktemp("rules")
     sink = WebhookSink(free_port())
-    gpu_port = free_port()
-    with sink.running(), Gateway(vllm_server.base_url) as gateway, gpu_exporter(gpu_port):
+    gpu_port, broken_port = free_port(), free_port()
+    break_gpu = tmp / "break-gpu"
+    with (
+        sink.running(),
+        Gateway(vllm_server.base_url) as gateway,
+        gpu_exporter(gpu_port),
+        gpu_exporter(broken_port, break_when=break_gpu),
+    ):
         targets = {
             "gateway": f"127.0.0.1:{gateway.port}",
             "vllm": f"127.0.0.1:{vllm_server.port}",
             "gpu": f"127.0.0.1:{gpu_port}",
+            "gpu-broken": f"127.0.0.1:{broken_port}",
+            DEAD_BACKEND_JOB: f"127.0.0.1:{free_port()}",
         }
         with prom_stack(
             (free_port(), free_port(), free_port()),
@@ -298,94 +414,211 @@ def stack(
             _rule_files(tmp),
             f"http://127.0.0.1:{sink.port}/",
         ) as prom:
-            yield gateway, prom, sink
+            yield Stack(gateway, prom, sink, vllm_server.base_url, break_gpu)
+
+
+def _fast(sink: WebhookSink, name: str) -> list[dict[str, Any]]:
+    """The distinct firing alerts named ``name`` of the fast rules (Alertmanager notifies an
+    alert again in every later notification of its group)."""
+    unique = {
+        tuple(sorted(a["labels"].items())): a
+        for a in sink.alerts(name)
+        if a["labels"].get("test") == "fast"
+    }
+    return list(unique.values())
+
+
+def _wait_for(stack: Stack, names: set[str], seconds: float, **traffic: Any) -> dict[str, float]:
+    """Send traffic until every alert of ``names`` reached the webhook; returns the seconds
+    each took."""
+    started = time.monotonic()
+    arrived: dict[str, float] = {}
+    deadline = started + seconds
+    while time.monotonic() < deadline and len(arrived) < len(names):
+        send_traffic(stack.gateway, seconds=3, **traffic)
+        for name in names - set(arrived):
+            if _fast(stack.sink, name):
+                arrived[name] = time.monotonic() - started
+    missing = names - set(arrived)
+    assert not missing, (missing, stack.prom.query("ALERTS"))
+    return arrived
+
+
+def _epoch(stamp: str) -> float:
+    """Seconds since the epoch of an Alertmanager timestamp (RFC 3339, nanoseconds cut)."""
+    head, _, rest = stamp.partition(".")
+    zone = rest[rest.find("Z") :] if "Z" in rest else rest[-6:]
+    return datetime.fromisoformat(head + zone.replace("Z", "+00:00")).timestamp()
+
+
+def _sli_recorded(prom: PromStack) -> bool:
+    return bool(prom.query(sc.SLI_REQUESTS))
+
+
+NEW_INSTRUMENTATION = (sc.SLI_REQUESTS, sc.SLI_ERRORS, sc.UPSTREAM_TTFT, ":sli_", "error_budget")
+"""What panels read from the SLI counters and the upstream TTFT histogram, which the gateway
+instrumentation of issue 15 adds (queries reading them are checked once it records them)."""
+
+
+def _unrecorded(prom: PromStack) -> set[str]:
+    """The NEW_INSTRUMENTATION names whose source the gateway does not expose yet."""
+    missing = set()
+    if not prom.query(sc.SLI_REQUESTS):
+        missing |= {sc.SLI_REQUESTS, sc.SLI_ERRORS, ":sli_", "error_budget"}
+    if not prom.query(f"{sc.UPSTREAM_TTFT}_count"):
+        missing.add(sc.UPSTREAM_TTFT)
+    return missing
 
 
 class TestPrometheusEndToEnd:
-    def test_every_panel_query_returns_series(
-        self, stack: tuple[Gateway, PromStack, WebhookSink], tmp_path: Path
-    ) -> None:
-        """Under real traffic every panel query evaluates and returns series; previews render."""
-        gateway, prom, _ = stack
+    def test_every_panel_query_returns_series_once(self, stack: Stack, tmp_path: Path) -> None:
+        """Under real traffic every panel query evaluates, returns series, and draws each
+        series once (no two series of a query share their legend: an engine or a GPU
+        reported by two sources is one line)."""
+        prom = stack.prom
         started = time.monotonic()
-        sent = send_traffic(gateway, seconds=25)
+        sent = send_traffic(stack.gateway, seconds=25)
         assert sent > 10
         time.sleep(3)  # one more scrape and evaluation
         empty: list[str] = []
+        doubled: list[str] = []
         queries = dashboard_queries()
-        for board, title, expr in queries:
+        unrecorded = _unrecorded(prom)
+        skipped: list[str] = []
+        for board, title, expr, fmt in queries:
+            if any(name in expr for name in unrecorded):
+                skipped.append(title)  # the gateway does not record its source (yet)
+                continue
             result = prom.query(concrete(expr))
             if not result:
                 empty.append(f"{board} / {title}: {expr}")
+            names = [legend(fmt, s["metric"]) for s in result]
+            if len(names) != len(set(names)):
+                doubled.append(f"{board} / {title}: {sorted(names)}")
         assert not empty, "panels without series:\n" + "\n".join(empty)
-        assert len(queries) > 30
+        assert not doubled, "series drawn twice:\n" + "\n".join(doubled)
+        assert len(queries) > 60
+        assert bool(skipped) == bool(unrecorded)
         rejected = {s["metric"]["stage"] for s in prom.query(sc.REJECTIONS)}
         assert rejected == {"gateway", "router"}, rejected
         # GPU-time cost per output token is priced from the exporter's per-GPU gauge.
-        cost = next(e for _, t, e in queries if t == "GPU-time cost per output token")
+        cost = next(e for _, t, e, _ in queries if t == "GPU-time cost per output token (fleet)")
         output = f'sum(rate({sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}[20s]))'
         price = prom.query(f"({concrete(cost)}) * {output} * 3600 / count({sc.GPU_COST_PER_HOUR})")
         assert float(price[0]["value"][1]) == pytest.approx(GPU_PRICE_USD_PER_HOUR)
         print(
-            f"e2e panels: {len(queries)} queries, {sent} requests,"
-            f" {time.monotonic() - started:.1f}s"
+            f"e2e panels: {len(queries)} queries ({len(skipped)} skipped, sources not recorded: "
+            f"{sorted(unrecorded)}: {sorted(set(skipped))}), "
+            f"{sent} requests, {time.monotonic() - started:.1f}s"
         )
-        from stagelens.previews import render_previews
 
-        out = Path(os.environ.get("STAGELENS_PREVIEWS_OUT") or tmp_path)
-        pictures = render_previews(
-            prom.prometheus_url, out, minutes=(time.monotonic() - started) / 60
-        )
-        assert [p.name for p in pictures] == [
-            "stagelens-request-path.png",
-            "stagelens-tokens-cost.png",
-            "stagelens-engine-gpu.png",
-            "stagelens-slos.png",
-        ]
-        assert all(p.stat().st_size > 10_000 for p in pictures)
+    def test_targets_and_collector_alerts_reach_alertmanager(self, stack: Stack) -> None:
+        """A dead backend target opens StagelensBackendDown (ticket) and pages
+        StagelensNoBackendUp; a gateway job with no target pages StagelensGatewayAbsent; a GPU
+        exporter whose driver goes away opens StagelensGPUCollectorDown (the gateway, whose
+        NVML never answered on this GPU-less machine, does not)."""
+        stack.break_gpu.touch()
+        names = {
+            ar.ALERT_BACKEND_DOWN,
+            ar.ALERT_NO_BACKEND_UP,
+            ar.ALERT_GATEWAY_ABSENT,
+            ar.ALERT_GPU_COLLECTOR_DOWN,
+        }
+        took = _wait_for(stack, names, 90)
+        sink = stack.sink
+        (down,) = _fast(sink, ar.ALERT_BACKEND_DOWN)
+        assert down["labels"]["severity"] == "ticket"
+        assert down["labels"]["job"] == DEAD_BACKEND_JOB
+        (none,) = _fast(sink, ar.ALERT_NO_BACKEND_UP)
+        assert none["labels"]["severity"] == "page"
+        assert none["labels"]["job"] == DEAD_BACKEND_JOB
+        (absent,) = _fast(sink, ar.ALERT_GATEWAY_ABSENT)
+        assert absent["labels"]["severity"] == "page"
+        assert "job" not in absent["labels"]  # nothing scraped: absent() says so
+        (gpu,) = _fast(sink, ar.ALERT_GPU_COLLECTOR_DOWN)
+        assert gpu["labels"]["job"] == "gpu-broken"
+        assert stack.prom.query(f'{sc.GPU_COLLECTOR_UP}{{job="gateway"}} == 0')
+        for alert in (down, none, absent, gpu):
+            name = alert["labels"]["alertname"]
+            assert alert["annotations"]["runbook_url"].endswith("#" + name.lower())
+        print("e2e target alerts:", {k: round(v, 1) for k, v in took.items()})
 
-    def test_ttft_breach_reaches_alertmanager(
-        self, stack: tuple[Gateway, PromStack, WebhookSink]
-    ) -> None:
-        """An admission delay past 0.5 s fires StagelensTTFTP95High into the webhook receiver."""
-        gateway, prom, sink = stack
-        started = time.monotonic()
-        gateway.admission_delay = 0.7
+    def test_ttft_and_router_breach_reach_alertmanager(self, stack: Stack) -> None:
+        """An admission delay past 0.5 s opens StagelensTTFTP95High (a ticket) and
+        StagelensStageOverBudget for the router stage (its 0.25 s budget from the gateway's
+        gauge), not for inference."""
+        stack.gateway.admission_delay = 0.7
         try:
-            deadline = time.monotonic() + 90
-            while not sink.alerts(sc.ALERT_TTFT_P95_HIGH) and time.monotonic() < deadline:
-                send_traffic(gateway, seconds=4)
+            took = _wait_for(stack, {sc.ALERT_TTFT_P95_HIGH, ar.ALERT_STAGE_OVER_BUDGET}, 120)
         finally:
-            gateway.admission_delay = 0.0
-        alerts = [
-            a for a in sink.alerts(sc.ALERT_TTFT_P95_HIGH) if a["labels"].get("test") == "fast"
-        ]
-        assert alerts, prom.query("ALERTS")
-        assert alerts[0]["labels"]["model"] == "tiny"
-        assert alerts[0]["labels"]["severity"] == "page"
-        assert alerts[0]["annotations"]["runbook_url"].endswith("#stagelensttftp95high")
-        print(f"e2e TTFT alert in {time.monotonic() - started:.1f}s")
+            stack.gateway.admission_delay = 0.0
+        sink = stack.sink
+        p95 = _fast(sink, sc.ALERT_TTFT_P95_HIGH)
+        assert {a["labels"]["model"] for a in p95} == {"tiny"}
+        assert all(a["labels"]["severity"] == "ticket" for a in p95)
+        stages = {a["labels"]["stage"] for a in _fast(sink, ar.ALERT_STAGE_OVER_BUDGET)}
+        assert "router" in stages
+        assert "inference" not in stages
+        print("e2e latency alerts:", {k: round(v, 1) for k, v in took.items()})
 
-    def test_cost_budget_burn_reaches_alertmanager(
-        self, stack: tuple[Gateway, PromStack, WebhookSink]
-    ) -> None:
-        """A tenant with a tiny daily budget fires StagelensCostBudgetBurn into the webhook."""
-        gateway, prom, sink = stack
-        started = time.monotonic()
-        deadline = time.monotonic() + 90
-        while not sink.alerts(sc.ALERT_COST_BUDGET_BURN) and time.monotonic() < deadline:
-            send_traffic(gateway, seconds=3)
-        alerts = [
-            a for a in sink.alerts(sc.ALERT_COST_BUDGET_BURN) if a["labels"].get("test") == "fast"
+    def test_cost_page_reaches_alertmanager(self, stack: Stack) -> None:
+        """A tenant on course to spend twice its daily cap within the hour pages
+        StagelensCostBudgetBurn, with the tenant's label only."""
+        took = _wait_for(stack, {sc.ALERT_COST_BUDGET_BURN}, 90)
+        pages = [
+            a
+            for a in _fast(stack.sink, sc.ALERT_COST_BUDGET_BURN)
+            if a["labels"]["severity"] == "page"
         ]
-        assert alerts, prom.query("ALERTS")
-        for alert in alerts:
+        assert pages, stack.prom.query("ALERTS")
+        for alert in pages:
             assert alert["labels"] == {
                 "alertname": sc.ALERT_COST_BUDGET_BURN,
                 "tenant": TINY_BUDGET_TENANT,
                 "severity": "page",
-                "long_window": "30s",
                 "test": "fast",
             }
             assert alert["annotations"]["runbook_url"].endswith("#stagelenscostbudgetburn")
-        print(f"e2e cost alert in {time.monotonic() - started:.1f}s")
+        print("e2e cost alert:", {k: round(v, 1) for k, v in took.items()})
+
+    def test_billing_drift_reaches_alertmanager(self, stack: Stack) -> None:
+        """Calls that go to vLLM past the gateway are generated and never billed: the
+        reconciliation rule sees the gap (vLLM's generation_tokens against the gateway's
+        output tokens) and StagelensBillingDrift opens a ticket, which it had not while every
+        call went through the gateway."""
+        (before,) = stack.prom.query("stagelens:billing_drift:ratio_rate1h")
+        assert abs(float(before["value"][1])) < 0.05, before
+        started = time.time()
+        deadline = time.monotonic() + 120
+        fresh: list[dict[str, Any]] = []
+        while not fresh and time.monotonic() < deadline:
+            send_traffic(stack.gateway, seconds=3, direct_to=stack.vllm_url)
+            # A new firing, not one left from the first minute, when a new gateway series'
+            # rate is still extrapolated over more than its data (`for:` is 3 s here).
+            fresh = [
+                a
+                for a in _fast(stack.sink, ar.ALERT_BILLING_DRIFT)
+                if _epoch(a["startsAt"]) >= started - 1
+            ]
+        assert fresh, stack.prom.query("ALERTS")
+        assert fresh[0]["labels"]["severity"] == "ticket"
+        (drift,) = stack.prom.query("stagelens:billing_drift:ratio_rate1h")
+        assert float(drift["value"][1]) > 0.05
+        print(f"e2e billing drift: {time.time() - started:.1f}s, drift {drift['value'][1]}")
+
+    def test_all_503_window_pages(self, stack: Stack) -> None:
+        """Every request answered 503: StagelensAvailabilityBudgetBurn and
+        StagelensTTFTBudgetBurn page (a 503 is no first token)."""
+        if not _sli_recorded(stack.prom):
+            pytest.skip("the gateway does not record stagelens_sli_requests_total yet")
+        stack.gateway.fail_status = 503
+        try:
+            names = {ar.ALERT_AVAILABILITY_BUDGET_BURN, sc.ALERT_TTFT_BUDGET_BURN}
+            took = _wait_for(stack, names, 120)
+        finally:
+            stack.gateway.fail_status = 0
+        for name in names:
+            (alert, *_) = _fast(stack.sink, name)
+            assert alert["labels"]["severity"] == "page"
+            assert alert["labels"]["model"] == "tiny"
+        print("e2e 503 burn:", {k: round(v, 1) for k, v in took.items()})

@@ -24,7 +24,7 @@ class TestPluginEmitsWhatIsDocumented:
     def test_prometheus_families(self) -> None:
         """Each family: documented name, type and labels; all plugin metrics exposed."""
         pytest.importorskip("vllm", reason="vLLM is not installed")
-        from stagelens.exporters.vllm import StageLensStatLogger
+        from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
 
         registry = CollectorRegistry()
         logger = StageLensStatLogger(_config(), 0, registry=registry)

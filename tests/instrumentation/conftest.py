@@ -115,9 +115,12 @@ def make_upstream() -> Starlette:
 
 
 @pytest.fixture
-def cap() -> Iterator[TelemetryCapture]:
-    """A fresh in-memory tracer provider and Prometheus registry for one test."""
-    with capture_telemetry() as capture:
+def cap(request: pytest.FixtureRequest) -> Iterator[TelemetryCapture]:
+    """A fresh in-memory tracer provider and Prometheus registry for one test: the deferred
+    tracer ``configure()`` builds, or the one a test names with
+    ``@pytest.mark.parametrize("cap", TRACERS, indirect=True)`` (where span shapes are
+    checked: both tracers must give the same)."""
+    with capture_telemetry(tracer=getattr(request, "param", "deferred")) as capture:
         yield capture
 
 

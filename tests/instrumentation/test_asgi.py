@@ -13,6 +13,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 from starlette.requests import ClientDisconnect
 
 from stagelens import Rejected, semconv
+from stagelens.testing import TRACERS
+
+BOTH_TRACERS = pytest.mark.parametrize("cap", TRACERS, indirect=True)
+"""Run a test once per tracer a capture can record through: span shapes must agree."""
 
 pytestmark = pytest.mark.anyio
 
@@ -59,6 +63,7 @@ def _chat_scope(spec_version: str | None = None) -> dict[str, Any]:
 class TestRequestTraces:
     """Streaming and non-streaming requests produce one trace with a span per stage."""
 
+    @BOTH_TRACERS
     async def test_streaming_request_produces_root_and_stage_spans(
         self, cap, proxy_factory, client_factory
     ) -> None:
@@ -122,6 +127,7 @@ class TestRequestTraces:
         assert (prefill.end_time - prefill.start_time) == 12_000_000
         assert (queue.end_time - queue.start_time) == 2_000_000
 
+    @BOTH_TRACERS
     async def test_non_streaming_request_produces_the_same_structure(
         self, cap, proxy_factory, client_factory
     ) -> None:
@@ -139,6 +145,7 @@ class TestRequestTraces:
             pytest.approx(0.030)
         )
 
+    @BOTH_TRACERS
     async def test_traceparent_and_request_id_reach_the_upstream(
         self, cap, proxy_factory, client_factory, upstream
     ) -> None:
@@ -154,6 +161,7 @@ class TestRequestTraces:
         assert headers["x-request-id"] == f"{trace_id}-{span_id}"
         assert inference.attributes[semconv.ATTR_VLLM_REQUEST_ID] == headers["x-request-id"]
 
+    @BOTH_TRACERS
     async def test_incoming_traceparent_is_continued(
         self, cap, proxy_factory, client_factory
     ) -> None:
@@ -168,6 +176,7 @@ class TestRequestTraces:
         assert f"{root.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
         assert f"{root.parent.span_id:016x}" == "b7ad6b7169203331"
 
+    @BOTH_TRACERS
     async def test_the_configured_propagator_is_honoured(
         self, cap, proxy_factory, client_factory
     ) -> None:
@@ -278,6 +287,7 @@ class TestMetrics:
 class TestFailures:
     """Telemetry never breaks serving; app errors propagate unchanged."""
 
+    @BOTH_TRACERS
     async def test_exception_inside_a_stage_is_recorded_and_propagates(
         self, cap, client_factory
     ) -> None:
@@ -305,6 +315,7 @@ class TestFailures:
         assert root.status.status_code is StatusCode.ERROR
         assert cap.value(semconv.REQUESTS, model="unknown", code="500") == 1.0
 
+    @BOTH_TRACERS
     async def test_raising_user_hook_does_not_fail_the_request(
         self, cap, proxy_factory, client_factory, caplog
     ) -> None:
@@ -324,6 +335,7 @@ class TestFailures:
         warnings = [r for r in caplog.records if "hook failed" in r.getMessage()]
         assert len(warnings) == 2  # once per hook, not per request
 
+    @BOTH_TRACERS
     async def test_gateway_rejection_answers_and_names_the_stage(
         self, cap, proxy_factory, client_factory
     ) -> None:
@@ -396,6 +408,7 @@ class TestFailures:
             inference = _by_name(cap)
             assert "chat no-such-0" in inference  # spans keep the name the client sent
 
+    @BOTH_TRACERS
     async def test_client_disconnect_mid_stream_ends_the_trace(self, cap, proxy_factory) -> None:
         """The client leaves after 3 chunks: spans end, the root says it was cancelled."""
         app, _ = proxy_factory(cap)
@@ -433,6 +446,7 @@ class TestFailures:
         assert inference.status.status_code is StatusCode.ERROR
         assert inference.end_time is not None
 
+    @BOTH_TRACERS
     async def test_client_gone_seen_by_a_failing_send(self, cap, proxy_factory) -> None:
         """ASGI spec 2.4: the departure shows only as a send raising OSError (Starlette
         stops listening on receive and raises its own ClientDisconnect from it)."""

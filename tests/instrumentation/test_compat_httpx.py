@@ -68,9 +68,9 @@ def test_header_entries_fast_path_and_fallback_agree(
     assert fast.headers[sc.HEADER_REQUEST_ID] == fast_id
 
 
-def test_composite_propagators_are_readable() -> None:
+def test_composite_parts_are_readable() -> None:
     """The default propagator's pair is read (the written-out W3C injection runs)."""
-    pair = _compat.composite_propagators(propagate.get_global_textmap())
+    pair = _compat.composite_parts(propagate.get_global_textmap())
     assert pair is not None
     assert len(pair) == 2
     assert _headers._w3c_default(propagate.get_global_textmap()) is pair[1]

@@ -9,6 +9,10 @@ from stagelens.instrumentation import Telemetry
 
 from stagelens import Stage, semconv, stage
 from stagelens.telemetry import set_default_telemetry
+from stagelens.testing import TRACERS
+
+BOTH_TRACERS = pytest.mark.parametrize("cap", TRACERS, indirect=True)
+"""Run a test once per tracer a capture can record through: span shapes must agree."""
 
 
 @pytest.fixture
@@ -22,6 +26,7 @@ def default_is(cap):
 class TestSyncStage:
     """Synchronous uses of stage()."""
 
+    @BOTH_TRACERS
     def test_context_manager_makes_a_span_and_an_observation(self, default_is) -> None:
         """Outside a request, a stage still yields its span and a histogram sample."""
         with stage(Stage.TOKENIZER) as s:
@@ -33,6 +38,7 @@ class TestSyncStage:
             == 1.0
         )
 
+    @BOTH_TRACERS
     def test_decorator_wraps_each_call_in_its_own_span(self, default_is) -> None:
         """@stage on a function gives one span per call and returns the result."""
 
@@ -47,6 +53,7 @@ class TestSyncStage:
         assert spans[0].attributes["retrieval.k"] == 4
         assert retrieve.__name__ == "retrieve"
 
+    @BOTH_TRACERS
     def test_nested_stages_are_parent_and_child(self, default_is) -> None:
         """A stage opened inside another is its child span."""
         with stage(Stage.ROUTER), stage("admission"):
@@ -54,6 +61,7 @@ class TestSyncStage:
         router, admission = default_is.span("router"), default_is.span("admission")
         assert admission.parent.span_id == router.context.span_id
 
+    @BOTH_TRACERS
     def test_exception_propagates_unchanged(self, default_is) -> None:
         """The very exception object leaves the block; the span records it."""
         err = KeyError("k")
@@ -86,12 +94,14 @@ class TestSyncStage:
 class TestAsyncStage:
     """Asynchronous uses of stage()."""
 
+    @BOTH_TRACERS
     async def test_async_context_manager(self, default_is) -> None:
         """`async with stage(...)` makes one span."""
         async with stage(Stage.POSTPROCESS):
             pass
         assert default_is.span("postprocess").attributes[semconv.ATTR_STAGE] == "postprocess"
 
+    @BOTH_TRACERS
     async def test_async_decorator(self, default_is) -> None:
         """@stage on a coroutine function awaits it inside the span."""
 
@@ -102,6 +112,7 @@ class TestAsyncStage:
         assert await pick() == "backend-1"
         assert default_is.span("load_balancer").end_time is not None
 
+    @BOTH_TRACERS
     async def test_async_exception_propagates(self, default_is) -> None:
         """An exception in an async stage reaches the awaiter unchanged."""
 

@@ -194,7 +194,9 @@ class TestInterTokenLatency:
         await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
         count, total = _itl(cap)
         assert count == 4
-        assert 0.03 <= total < 0.1
+        # The 30 ms gap as the app sent it: the first read can reach the app a little later
+        # than the second under load, so a few ms of it may be gone.
+        assert 0.02 <= total < 0.1
 
     async def test_each_choice_has_its_own_gaps(self, cap, scripted_url) -> None:
         """n=2, events interleaved 20 ms apart: each choice's gaps are 40 ms, never the
@@ -205,7 +207,7 @@ class TestInterTokenLatency:
         await _post(_proxy(cap, scripted_url), {"stream": True, "n": 2, "x_script": script})
         count, total = _itl(cap)
         assert count == 4  # 3 events per choice: 2 gaps each
-        assert total / count >= 0.035
+        assert total / count >= 0.03  # per-read gaps would average ~0.02
 
 
 class TestFailureAfterHeaders:

@@ -18,7 +18,23 @@ from stagelens.alert_rules import ALERTS_FILE, ALL_ALERTS, RULES_FILE
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
-ALERT_SUITES = ("stagelens-alerts_test.yaml", "stagelens-alerts-slow_test.yaml")
+ALERT_SUITES = (
+    "stagelens-alerts_test.yaml",
+    "stagelens-alerts-slow_test.yaml",
+    "findings_test.yaml",
+)
+FINDINGS = HERE / "findings_test.yaml"
+BASELINE = HERE / "baseline"
+"""The generated rule files as they were before the on-call review (issue 17): every finding
+case must fail on them."""
+BASELINE_ORDER = (
+    "stagelens-ttft-slo.rules",
+    "stagelens-budgets.rules",
+    "stagelens-cost.rules",
+    "stagelens-serving.rules",
+    "stagelens-slo.alerts",
+    "stagelens-serving.alerts",
+)
 
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool not installed")
 
@@ -164,7 +180,7 @@ def firing_has(firing: list[Labels], wanted: Labels) -> bool:
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PROMTOOL, *args], cwd=HERE, capture_output=True, text=True, timeout=300, check=False
+        [PROMTOOL, *args], cwd=HERE, capture_output=True, text=True, timeout=900, check=False
     )
 
 
@@ -211,3 +227,42 @@ class TestCoverage:
         earlier, and absent from ALERTS one evaluation before the onset."""
         assert rule.for_s > 0, f"{rule} has no `for:`; the boundary check needs one"
         assert boundary_cases(rule, suite_groups()), f"{rule} lacks a for: boundary case"
+
+
+def finding_groups() -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = yaml.safe_load(FINDINGS.read_text(encoding="utf-8"))["tests"]
+    return groups
+
+
+class TestFindings:
+    def test_every_numbered_finding_has_a_case(self) -> None:
+        """Findings 1-10 (the rules' findings of issue 17) each have at least one group."""
+        numbers = {int(g["name"].split(":")[0].split()[1]) for g in finding_groups()}
+        assert numbers == set(range(1, 11))
+
+    @needs_promtool
+    @pytest.mark.parametrize("group", finding_groups(), ids=lambda g: g["name"])
+    def test_finding_fails_on_the_rules_before_the_fix(
+        self, group: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """Each finding case fails on the rules as they were: it shows the finding, and the
+        committed rules (test_unit_suite_passes) fix it."""
+        suite = {
+            "rule_files": [str(BASELINE / RULES_FILE), str(BASELINE / ALERTS_FILE)],
+            "evaluation_interval": "1m",
+            "group_eval_order": list(BASELINE_ORDER),
+            "tests": [group],
+        }
+        path = tmp_path / "baseline_test.yaml"
+        path.write_text(yaml.safe_dump(suite, sort_keys=False), encoding="utf-8")
+        result = subprocess.run(
+            [PROMTOOL, "test", "rules", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 1, output
+        assert "FAILED:" in output
+        assert "parse error" not in output

@@ -1,0 +1,195 @@
+"""What every stagelens dashboard shares: variables, links, selectors and PromQL helpers.
+
+Why here: the selectors decide which series a panel reads. Every query filters on the same
+``cluster``, ``namespace`` and ``model`` variables as its neighbours, and every figure that
+two sources can report (the vLLM plugin and vLLM itself, the gateway and the plugin,
+stagelens' GPU exporter and DCGM) is read through one helper that keeps exactly one of them
+per engine or GPU. PromQL's ``or`` is a fallback only between series with the same labels,
+so the helpers bring both sources to one label set first.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.models.dashboard import (
+    DashboardCursorSync,
+    DashboardLinkType,
+    VariableRefresh,
+)
+from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
+
+from stagelens import semconv as sc
+from stagelens.slo import SloConfig
+
+TAGS: Final = ["stagelens", "llm"]
+LATENCY_EXEMPLARS: Final = False
+"""Ask for exemplars on the latency panels. Off until the histograms carry exemplars (the
+exemplar issue); switching it on changes only the generated JSON."""
+
+WHERE: Final = 'cluster=~"$cluster", namespace=~"$namespace"'
+"""Every stagelens and vLLM series: the environment chosen in the variables."""
+MODEL: Final = f'{WHERE}, {sc.LABEL_MODEL}=~"$model"'
+TENANT: Final = f'{sc.LABEL_TENANT}=~"$tenant"'
+VLLM_MODEL: Final = f'{WHERE}, {sc.VLLM_MODEL_NAME}=~"$model"'
+ENGINE: Final = 'instance=~"$instance"'
+GPU_WHERE: Final = 'cluster=~"$cluster", gpu=~"$gpu"'
+"""GPUs: the GPU exporter and DCGM run in namespaces of their own, so no namespace filter."""
+
+
+def base(
+    uid: str,
+    title: str,
+    description: str,
+    cfg: SloConfig,
+    *,
+    tenant: bool = False,
+    engines: bool = False,
+) -> dashboard.Dashboard:
+    """A dashboard with the house settings, its variables and links to the other three."""
+    board = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(TAGS)
+        .editable()
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .refresh("30s")
+        .time("now-1h", "now")
+        .timezone("browser")
+        .link(
+            dashboard.DashboardLink("stagelens")
+            .type(DashboardLinkType.DASHBOARDS)
+            .tags(["stagelens"])
+            .as_dropdown(False)
+            .include_vars(True)
+            .keep_time(True)
+        )
+        .with_variable(
+            dashboard.DatasourceVariable(DATASOURCE_VAR).label("Data source").type("prometheus")
+        )
+        .with_variable(
+            _query_variable("cluster", "Cluster", f"label_values({sc.REQUESTS}, cluster)")
+        )
+        .with_variable(
+            _query_variable(
+                "namespace",
+                "Namespace",
+                f'label_values({sc.REQUESTS}{{cluster=~"$cluster"}}, namespace)',
+            )
+        )
+        .with_variable(
+            _query_variable(
+                "model", "Model", f"label_values({sc.REQUESTS}{{{WHERE}}}, {sc.LABEL_MODEL})"
+            )
+        )
+    )
+    if tenant:
+        board = board.with_variable(
+            _query_variable(
+                "tenant", "Tenant", f"label_values({sc.TOKENS}{{{WHERE}}}, {sc.LABEL_TENANT})"
+            )
+        )
+    if engines:
+        board = board.with_variable(
+            _query_variable(
+                "instance",
+                "Engine",
+                f'label_values(up{{job=~"{cfg.backend_job_regex}", {WHERE}}}, instance)',
+            )
+        ).with_variable(
+            _query_variable(
+                "gpu", "GPU", f'label_values({sc.GPU_MEMORY_TOTAL}{{cluster=~"$cluster"}}, gpu)'
+            )
+        )
+    return board
+
+
+def _query_variable(name: str, label: str, query: str) -> dashboard.QueryVariable:
+    return (
+        dashboard.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .multi(True)
+        .include_all(True)
+        .all_value(".*")
+    )
+
+
+def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
+    """``histogram_quantile`` of ``metric`` grouped ``by`` (plus ``le``)."""
+    by_le = f"{by}, le" if by else "le"
+    return (
+        f"histogram_quantile({q}, sum by ({by_le}) (rate({metric}_bucket{{{selector}}}[{window}])))"
+    )
+
+
+def mean(metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
+    """Mean observation of a histogram per ``by`` group: sum rate / count rate."""
+    grouping = f"sum by ({by}) " if by else "sum "
+    return (
+        f"{grouping}(rate({metric}_sum{{{selector}}}[{window}])) / "
+        f"{grouping}(rate({metric}_count{{{selector}}}[{window}]))"
+    )
+
+
+def engine_phase_quantile(q: float, by: str, selector: str, window: str = RATE) -> str:
+    """Quantile of the engine phases, per source then the larger: the gateway (vLLM's
+    per-request figures) and the vLLM plugin both record
+    ``stagelens_engine_phase_duration_seconds`` for the same requests; summing them would
+    count each request twice."""
+    metric = f"{sc.ENGINE_PHASE_DURATION}_bucket{{{selector}}}"
+    return (
+        f"max by ({by}) (histogram_quantile({q}, "
+        f"sum by (job, {by}, le) (rate({metric}[{window}]))))"
+    )
+
+
+def engine_phase_mean(by: str, selector: str, window: str = RATE) -> str:
+    """Mean engine phase time, per source then the larger (see ``engine_phase_quantile``)."""
+    m = sc.ENGINE_PHASE_DURATION
+    return (
+        f"max by ({by}) (sum by (job, {by}) (rate({m}_sum{{{selector}}}[{window}])) / "
+        f"sum by (job, {by}) (rate({m}_count{{{selector}}}[{window}])))"
+    )
+
+
+def as_model(expr: str) -> str:
+    """vLLM's ``model_name`` copied to ``model``."""
+    return f'label_replace({expr}, "{sc.LABEL_MODEL}", "$1", "{sc.VLLM_MODEL_NAME}", "(.*)")'
+
+
+def as_uuid(expr: str) -> str:
+    """DCGM's ``UUID`` copied to ``uuid``."""
+    return f'label_replace({expr}, "{sc.LABEL_UUID}", "$1", "{sc.DCGM_UUID}", "(.*)")'
+
+
+def engine_gauge(ours: str, vllm: str, op: str = "max") -> str:
+    """A per-engine gauge from the vLLM plugin, else vLLM's own, keyed by (instance, model):
+    the plugin serves on vLLM's /metrics, so both carry the engine's ``instance``."""
+    by = f"instance, {sc.LABEL_MODEL}"
+    return (
+        f"{op} by ({by}) ({ours}{{{MODEL}, {ENGINE}}}) or "
+        f"{op} by ({by}) ({as_model(f'{vllm}{{{VLLM_MODEL}, {ENGINE}}}')})"
+    )
+
+
+def engine_counter_rate(ours: str, vllm: str) -> str:
+    """A per-engine counter rate from the plugin, else vLLM's own (see ``engine_gauge``)."""
+    by = f"instance, {sc.LABEL_MODEL}"
+    return (
+        f"sum by ({by}) (rate({ours}{{{MODEL}, {ENGINE}}}[{RATE}])) or "
+        f"sum by ({by}) ({as_model(f'rate({vllm}{{{VLLM_MODEL}, {ENGINE}}}[{RATE}])')})"
+    )
+
+
+def gpu_gauge(ours: str, dcgm: str, dcgm_scale: str = "") -> str:
+    """A per-GPU gauge from stagelens' exporter, else DCGM's, keyed by (uuid, gpu)."""
+    by = f"{sc.LABEL_UUID}, {sc.LABEL_GPU}"
+    return (
+        f"max by ({by}) ({ours}{{{GPU_WHERE}}}) or "
+        f"max by ({by}) ({as_uuid(f'{dcgm}{{{GPU_WHERE}}}')}){dcgm_scale}"
+    )

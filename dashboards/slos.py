@@ -1,0 +1,128 @@
+"""Dashboard 4, "SLOs": each SLI per model, as the alerts judge it.
+
+Why per model and instant: the burn-rate alerts fire per model, so a panel that sums or
+maxes over models shows a figure no alert reads. The 30-day stat panels read the recorded
+30-day ratios with instant queries (a range query would recompute 30 days at every step).
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+from stagelens.dashboards.common import MODEL, base
+from stagelens.dashboards.panels import (
+    NEUTRAL,
+    bad_above,
+    good_above,
+    stat_panel,
+    timeseries_panel,
+)
+
+from stagelens import semconv as sc
+from stagelens.alert_rules import BURN_ALERTS
+from stagelens.recording_rules import (
+    BUDGET_REMAINING_RECORD,
+    sli_error_ratio_record,
+    ttft_p95_record,
+)
+from stagelens.slo import SLIS, SloConfig
+
+SLI_TITLES = {
+    sc.SLI_AVAILABILITY: "Availability",
+    sc.SLI_TTFT: "TTFT",
+    sc.SLI_ITL: "Inter-token latency",
+    sc.SLI_GOODPUT: "Goodput",
+}
+
+
+def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.Dashboard:
+    title = SLI_TITLES[sli]
+    selector = f'{MODEL}, {sc.LABEL_SLI}="{sli}"'
+    objective = cfg.objectives[sli]
+    budget = cfg.error_budget(sli)
+    period = cfg.period
+    longs = [w.long for w in cfg.burn_windows]
+    factors = sorted({w.factor for w in cfg.burn_windows})
+    burn_lines = [(None, "green"), *((f, "red" if f > 3 else "yellow") for f in factors)]
+    return (
+        board.with_row(dashboard.Row(f"{title}: {objective:.4g} over {period}"))
+        .with_panel(
+            stat_panel(
+                f"{title} SLI ({period})",
+                "percentunit",
+                [(f"1 - {sli_error_ratio_record(period)}{{{selector}}}", "{{model}}")],
+                steps=good_above(objective),
+                decimals=2,
+                description=f"Share of good requests over {period}, per model; red below the "
+                f"objective {objective:g}.",
+            )
+        )
+        .with_panel(
+            stat_panel(
+                f"{title} error budget left ({period})",
+                "percentunit",
+                [(f"{BUDGET_REMAINING_RECORD}{{{selector}}}", "{{model}}")],
+                steps=((None, "red"), (0, "yellow"), (0.25, "green")),
+                decimals=1,
+                description="1 - bad share / allowed bad share; below 0 the SLO is breached.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                f"{title} burn rate",
+                "short",
+                [
+                    (f"{sli_error_ratio_record(w)}{{{selector}}} / {budget:.6g}", "{{model}} " + w)
+                    for w in longs
+                ],
+                threshold_lines=burn_lines,
+                description=f"1.0 spends the budget exactly over {period}. {BURN_ALERTS[sli]} "
+                "pages when a page pair's long and short windows are both above its factor "
+                "(dashed), with enough requests.",
+            )
+        )
+    )
+
+
+def slos(cfg: SloConfig) -> DashboardModel:
+    """Dashboard 4: the four SLIs per model, error budget left, burn rates, p95 TTFT."""
+    board = (
+        base(
+            "stagelens-slos",
+            "stagelens / SLOs",
+            f"Availability, TTFT <= {cfg.ttft_threshold_seconds:g}s, mean ITL <= "
+            f"{cfg.itl_threshold_seconds:g}s and goodput, per model, over {cfg.period}.",
+            cfg,
+        )
+        .with_panel(
+            stat_panel(
+                "Requests the SLIs counted (time range)",
+                "short",
+                [
+                    (
+                        f"sum by ({sc.LABEL_SLI}) "
+                        f"(increase({sc.SLI_REQUESTS}{{{MODEL}}}[$__range]))",
+                        "{{sli}}",
+                    )
+                ],
+                steps=NEUTRAL,
+                decimals=0,
+                width=12,
+                description="Availability counts every request a client waited for; TTFT and "
+                "goodput the streamed ones; ITL streams with two or more tokens.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "p95 time to first token by model",
+                "s",
+                [(f"{ttft_p95_record(cfg.ttft_p95_window)}{{{MODEL}}}", "{{model}}")],
+                threshold_lines=bad_above(cfg.ttft_threshold_seconds),
+                description="StagelensTTFTP95High opens a ticket above "
+                f"{cfg.ttft_threshold_seconds:g}s (dashed) for {cfg.ttft_p95_for}.",
+            )
+        )
+    )
+    for sli in SLIS:
+        board = _sli_row(cfg, board, sli)
+    return board.build()

@@ -1,0 +1,187 @@
+"""Dashboard 2, "Tokens and cost": tokens, spend against daily caps, unit costs, billing.
+
+Why these units: a spend rate is USD per hour, not dollars, and a "cost per 1k output
+tokens" that divides all spend (input included) by output tokens is a blended figure; each
+panel says what it divides. The GPU-time cost per token is fleet-wide on both sides of the
+division: GPUs are not attributed to models or tenants, so dividing the fleet's cost by one
+tenant's tokens would be meaningless.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
+from stagelens.dashboards.common import MODEL, TENANT, VLLM_MODEL, WHERE, as_model, base
+from stagelens.dashboards.panels import (
+    RATE,
+    bad_above,
+    bargauge_panel,
+    timeseries_panel,
+)
+
+from stagelens import semconv as sc
+from stagelens.recording_rules import (
+    BILLING_DRIFT_RECORD,
+    COST_SPENT_RECORD,
+    cost_projected_record,
+)
+from stagelens.slo import SloConfig
+
+USD_PER_HOUR: Final = "suffix: USD/h"
+TOKENS_PER_SECOND: Final = "suffix: tokens/s"
+USD: Final = "currencyUSD"
+
+
+def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashboard:
+    output = f'{sc.TOKENS}{{{MODEL}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    generated = as_model(f"rate({sc.VLLM_GENERATION_TOKENS}{{{VLLM_MODEL}}}[{RATE}])")
+    drift = cfg.billing_drift_threshold
+    return (
+        board.with_row(dashboard.Row("Billing reconciliation"))
+        .with_panel(
+            timeseries_panel(
+                "Output tokens: billed vs generated",
+                TOKENS_PER_SECOND,
+                [
+                    (f"sum by ({sc.LABEL_MODEL}) (rate({output}[{RATE}]))", "billed {{model}}"),
+                    (f"sum by ({sc.LABEL_MODEL}) ({generated})", "generated {{model}}"),
+                ],
+                description='Billed: the gateway\'s stagelens_tokens_total{type="output"} per '
+                "public model name (all tenants). Generated: the engines' "
+                "vllm:generation_tokens_total per vLLM model (its first served name: aliases "
+                "show under it), finished requests only (aborted ones are missing there).",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Billing drift",
+                "percentunit",
+                [(f"{BILLING_DRIFT_RECORD}{{{WHERE}}}", "all models")],
+                threshold_lines=((None, "red"), (-drift, "green"), (drift, "red")),
+                description="(generated - billed) / generated output tokens over 1h, all models "
+                "together (one vLLM model may serve several public names). Above "
+                f"{drift:g}: tokens generated that nobody paid for (calls past the gateway); "
+                f"below -{drift:g}: billed tokens the engines' counters miss (aborted streams). "
+                "StagelensBillingDrift opens a ticket beyond either line.",
+            )
+        )
+    )
+
+
+def tokens_cost(cfg: SloConfig) -> DashboardModel:
+    """Dashboard 2: tokens by model/tenant, spend against daily caps, unit costs, billing."""
+    tokens = f"{sc.TOKENS}{{{MODEL}, {TENANT}}}"
+    output = f'{sc.TOKENS}{{{MODEL}, {TENANT}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    cost = f"{sc.COST_USD}{{{MODEL}, {TENANT}}}"
+    fleet_output = f'{sc.TOKENS}{{{WHERE}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    gpu_where = 'cluster=~"$cluster"'
+    gpus = (
+        f"(count({sc.GPU_MEMORY_TOTAL}{{{gpu_where}}}) or count({sc.DCGM_FB_USED}{{{gpu_where}}}))"
+    )
+    usd_per_hour = (
+        f"(sum({sc.GPU_COST_PER_HOUR}{{{gpu_where}}}) or {gpus} * {cfg.gpu_hourly_cost_usd!r})"
+    )
+    spent = f"{COST_SPENT_RECORD}{{{WHERE}, {TENANT}}}"
+    multiple = cfg.cost_page_multiple
+    board = (
+        base(
+            "stagelens-tokens-cost",
+            "stagelens / Tokens and cost",
+            "Tokens, spend against daily caps, unit costs and billing reconciliation.",
+            cfg,
+            tenant=True,
+        )
+        .with_row(dashboard.Row("Tokens"))
+        .with_panel(
+            timeseries_panel(
+                "Tokens by type",
+                TOKENS_PER_SECOND,
+                [(f"sum by ({sc.LABEL_TYPE}) (rate({tokens}[{RATE}]))", "{{type}}")],
+                description="cached_input is part of input.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Tokens by model and tenant",
+                TOKENS_PER_SECOND,
+                [
+                    (
+                        f"sum by ({sc.LABEL_MODEL}, {sc.LABEL_TENANT}, {sc.LABEL_TYPE}) "
+                        f"(rate({tokens}[{RATE}]))",
+                        "{{model}} {{tenant}} {{type}}",
+                    )
+                ],
+            )
+        )
+        .with_row(dashboard.Row("Spend"))
+        .with_panel(
+            bargauge_panel(
+                "Spent in the last 24h, share of the daily cap",
+                "percentunit",
+                [(spent, "{{tenant}}")],
+                steps=bad_above(1.0, warn=0.8),
+                maximum=1.0,
+                width=8,
+                description='Spend over the last 24h / stagelens_budget_usd{window="1d"} (or '
+                "the SLO config's daily_budgets_usd). The ticket fires above 100 %.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Projected: last 24h plus the next hour at the current pace",
+                "percentunit",
+                [
+                    (
+                        f"{cost_projected_record('1h')}{{{WHERE}, {TENANT}}}",
+                        "{{tenant}} (pace of 1h)",
+                    ),
+                ],
+                threshold_lines=((None, "green"), (1.0, "yellow"), (multiple, "red")),
+                width=8,
+                description=f"Share of the daily cap. The page fires above {multiple:g} (dashed "
+                "red) when the 5-minute pace agrees: runaway spend, not a busy hour.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Spend rate",
+                USD_PER_HOUR,
+                [(f"sum by ({sc.LABEL_TENANT}) (rate({cost}[{RATE}])) * 3600", "{{tenant}}")],
+                width=8,
+                description="USD per hour by tenant.",
+            )
+        )
+        .with_row(dashboard.Row("Unit costs"))
+        .with_panel(
+            timeseries_panel(
+                "Spend per 1k output tokens (input cost included)",
+                USD,
+                [
+                    (
+                        f"sum by ({sc.LABEL_MODEL}) (rate({cost}[{RATE}])) / "
+                        f"sum by ({sc.LABEL_MODEL}) (rate({output}[{RATE}])) * 1000",
+                        "{{model}}",
+                    )
+                ],
+                description="All spend (input and output tokens) per 1k output tokens: what an "
+                "answer of 1k tokens costs with its prompt.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "GPU-time cost per output token (fleet)",
+                USD,
+                [(f"{usd_per_hour} / 3600 / sum(rate({fleet_output}[{RATE}]))", "fleet")],
+                description=(
+                    f"Fleet-wide: USD per second of GPU time (sum over GPUs of "
+                    f"{sc.GPU_COST_PER_HOUR}, the price the GPU exporter publishes, / 3600) "
+                    "divided by every output token per second, whatever the model or tenant "
+                    "variables say (GPUs are not attributed to them). Where no GPU publishes a "
+                    f"price: GPUs seen x {cfg.gpu_hourly_cost_usd:g} USD/GPU-hour."
+                ),
+            )
+        )
+    )
+    return _billing_row(cfg, board).build()

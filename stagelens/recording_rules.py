@@ -1,0 +1,392 @@
+"""Prometheus recording rules generated from an SloConfig (``alerts/stagelens-rules.yaml``).
+
+Why these shapes:
+- Every aggregation keeps ``SloConfig.aggregation_labels`` (``cluster``, ``namespace``), so
+  two environments scraped by one Prometheus never merge into one SLI.
+- A "fallback" between two sources of one figure (the vLLM plugin's counters and vLLM's own,
+  stagelens' GPM gauge and DCGM's) first brings both to the same label set, then uses
+  ``or``: PromQL's ``or`` keeps a right-hand series only where no left-hand series has the
+  same labels, so one engine or one GPU is never counted twice.
+- The SLI ratios read the gateway's per-request verdicts (``stagelens_sli_*_total``), not
+  histogram buckets: the gateway alone knows whether a request was streamed, failed after its
+  headers, or left early.
+
+Names follow ``level:metric:operations`` (prometheus/docs ``practices/rules.md``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from stagelens import semconv as sc
+from stagelens.slo import SloConfig, duration_seconds
+
+Rule = dict[str, Any]
+
+GROUP_SLI: Final = "stagelens-sli.rules"
+GROUP_SLI_PERIOD: Final = "stagelens-sli-period.rules"
+GROUP_LATENCY: Final = "stagelens-latency.rules"
+GROUP_COST: Final = "stagelens-cost.rules"
+GROUP_ENGINE: Final = "stagelens-engine.rules"
+RULE_GROUPS: Final[tuple[str, ...]] = (
+    GROUP_SLI,
+    GROUP_SLI_PERIOD,
+    GROUP_LATENCY,
+    GROUP_COST,
+    GROUP_ENGINE,
+)
+"""Recording-rule groups, in the order they depend on each other."""
+
+PERIOD_INTERVAL: Final = "5m"
+"""Evaluation interval of the period (30d) group: a 30-day ratio moves slowly, and reading
+30 days of samples every 30 s would be the most expensive rule of the file."""
+
+
+def sli_requests_record(window: str) -> str:
+    """Requests per second an SLI counted, per (cluster, namespace, model, sli)."""
+    return f"stagelens:sli_requests:rate{window}"
+
+
+def sli_error_ratio_record(window: str) -> str:
+    """Share of an SLI's requests that were bad over ``window``."""
+    return f"stagelens:sli_errors:ratio_rate{window}"
+
+
+def ttft_p95_record(window: str) -> str:
+    """p95 TTFT per model over ``window``."""
+    return f"stagelens:ttft_seconds:p95_rate{window}"
+
+
+def cost_rate_record(window: str) -> str:
+    """Spend in USD per second per tenant over ``window``."""
+    return f"stagelens:cost_usd:rate{window}"
+
+
+def cost_projected_record(window: str) -> str:
+    """Last-24h spend plus ``cost_page_horizon`` more at the pace of ``window``, as a share
+    of the daily cap."""
+    return f"stagelens:cost_budget_projected:ratio_rate{window}"
+
+
+CONTRACT_TTFT_RECORD: Final = "stagelens:ttft_slo_errors:ratio_rate5m"
+"""The contract's example record name, kept: the TTFT SLI's 5m error ratio."""
+OBJECTIVE_RECORD: Final = "stagelens:slo_objective:ratio"
+SLI_PERIOD_REQUESTS_RECORD: Final = "stagelens:sli_requests:increase{period}"
+BUDGET_REMAINING_RECORD: Final = "stagelens:error_budget_remaining:ratio"
+
+
+def stage_latency_record(window: str) -> str:
+    """p95 of the figure each stage's budget applies to: the stage's duration, and for
+    ``inference`` its time to the first upstream token (decode is not the stage's to meet)."""
+    return f"stagelens:stage_latency_seconds:p95_rate{window}"
+
+
+STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:max"
+CONFIGURED_STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:configured"
+DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:daily"
+CONFIGURED_DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:configured"
+COST_DAY_RECORD: Final = "stagelens:cost_usd:increase1d"
+COST_SPENT_RECORD: Final = "stagelens:cost_budget_spent:ratio_increase1d"
+KV_WINDOWS: Final[tuple[str, ...]] = ("30m", "6h")
+GPU_SM_ACTIVE_RECORD: Final = "stagelens:gpu_sm_active:ratio_max"
+ENGINE_WAITING_RECORD: Final = "stagelens:engine_requests_waiting:max"
+ENGINE_KV_USAGE_RECORD: Final = "stagelens:kv_cache_usage:ratio_max"
+ENGINE_PREEMPTIONS_RECORD: Final = "stagelens:engine_preemptions:rate5m"
+BILLING_WINDOW: Final = "1h"
+BILLED_TOKENS_RECORD: Final = f"stagelens:billed_output_tokens:rate{BILLING_WINDOW}"
+GENERATED_TOKENS_RECORD: Final = f"stagelens:generated_output_tokens:rate{BILLING_WINDOW}"
+BILLING_DRIFT_RECORD: Final = f"stagelens:billing_drift:ratio_rate{BILLING_WINDOW}"
+"""(generated - billed) / generated output tokens per (cluster, namespace): > 0 means tokens
+the engines generated that nobody was billed for (calls that bypassed the gateway); < 0
+billed tokens vLLM's counter lacks (it counts finished requests, not aborted ones)."""
+
+
+def kv_queries_record(window: str) -> str:
+    """Prompt tokens looked up in the prefix cache per second, per model."""
+    return f"stagelens:kv_cache_queries:rate{window}"
+
+
+def kv_hits_record(window: str) -> str:
+    """Prompt tokens found in the prefix cache per second, per model."""
+    return f"stagelens:kv_cache_hits:rate{window}"
+
+
+def kv_hit_ratio_record(window: str) -> str:
+    """Engine prefix-cache hit rate per model."""
+    return f"stagelens:kv_cache_hit:ratio_rate{window}"
+
+
+def by(cfg: SloConfig, *labels: str) -> str:
+    """``cluster, namespace, <labels>``: the grouping every rule keeps."""
+    return ", ".join((*cfg.aggregation_labels, *labels))
+
+
+def as_model(expr: str) -> str:
+    """vLLM's ``model_name`` copied to ``model``, so vLLM's series match stagelens'."""
+    return f'label_replace({expr}, "{sc.LABEL_MODEL}", "$1", "{sc.VLLM_MODEL_NAME}", "(.*)")'
+
+
+def _sli_records(cfg: SloConfig) -> list[Rule]:
+    grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI)
+    rules: list[Rule] = []
+    for window in cfg.burn_windows_used():
+        requests = sli_requests_record(window)
+        errors = f"sum by ({grouping}) (rate({sc.SLI_ERRORS}[{window}]))"
+        rules.append(
+            {
+                "record": requests,
+                "expr": f"sum by ({grouping}) (rate({sc.SLI_REQUESTS}[{window}]))",
+            }
+        )
+        # No error series yet (a model that never failed) reads as 0, not as no data.
+        rules.append(
+            {
+                "record": sli_error_ratio_record(window),
+                "expr": f"({errors} or 0 * {requests}) / {requests}",
+            }
+        )
+    if "5m" in cfg.burn_windows_used():
+        rules.append(
+            {
+                "record": CONTRACT_TTFT_RECORD,
+                "expr": f'{sli_error_ratio_record("5m")}{{{sc.LABEL_SLI}="{sc.SLI_TTFT}"}}',
+            }
+        )
+    return rules
+
+
+def _period_records(cfg: SloConfig) -> list[Rule]:
+    grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI)
+    period = cfg.period
+    requests = SLI_PERIOD_REQUESTS_RECORD.format(period=period)
+    errors = f"sum by ({grouping}) (increase({sc.SLI_ERRORS}[{period}]))"
+    rules: list[Rule] = [
+        {
+            "record": OBJECTIVE_RECORD,
+            "expr": f"vector({objective!r})",
+            "labels": {sc.LABEL_SLI: sli},
+        }
+        for sli, objective in cfg.objectives.items()
+    ]
+    rules += [
+        {
+            "record": requests,
+            "expr": f"sum by ({grouping}) (increase({sc.SLI_REQUESTS}[{period}]))",
+        },
+        {
+            "record": sli_error_ratio_record(period),
+            "expr": f"({errors} or 0 * {requests}) / ({requests} > 0)",
+        },
+        {
+            "record": BUDGET_REMAINING_RECORD,
+            "expr": (
+                f"1 - {sli_error_ratio_record(period)}\n"
+                f"/ on ({sc.LABEL_SLI}) group_left ()\n(1 - {OBJECTIVE_RECORD})"
+            ),
+        },
+    ]
+    return rules
+
+
+def _latency_records(cfg: SloConfig) -> list[Rule]:
+    window = cfg.ttft_p95_window
+    stage_window = cfg.stage_latency_window
+    latency = stage_latency_record(stage_window)
+    inference = "inference"
+    stage_bucket = f'{sc.STAGE_DURATION}_bucket{{{sc.LABEL_STAGE}!="{inference}"}}'
+    upstream = (
+        f"histogram_quantile(0.95, sum by ({by(cfg, 'le')}) "
+        f"(rate({sc.UPSTREAM_TTFT}_bucket[{stage_window}])))"
+    )
+    rules: list[Rule] = [
+        {
+            "record": ttft_p95_record(window),
+            "expr": (
+                f"histogram_quantile(0.95, sum by ({by(cfg, sc.LABEL_MODEL, 'le')}) "
+                f"(rate({sc.TIME_TO_FIRST_TOKEN}_bucket[{window}])))"
+            ),
+        },
+        {
+            "record": latency,
+            "expr": (
+                f"histogram_quantile(0.95, sum by ({by(cfg, sc.LABEL_STAGE, 'le')}) "
+                f"(rate({stage_bucket}[{stage_window}])))\nor\n"
+                f'label_replace({upstream}, "{sc.LABEL_STAGE}", "{inference}", "", "")'
+            ),
+        },
+    ]
+    rules += [
+        {
+            "record": CONFIGURED_STAGE_BUDGET_RECORD,
+            "expr": f"vector({seconds!r})",
+            "labels": {sc.LABEL_STAGE: stage},
+        }
+        for stage, seconds in sorted(cfg.stage_budgets_seconds.items())
+    ]
+    rules.append(
+        {
+            "record": STAGE_BUDGET_RECORD,
+            # The gauge the gateway exports; where none is scraped, the configured budget,
+            # laid onto the same (cluster, namespace, stage) as the latency it is compared to.
+            "expr": (
+                f"max by ({by(cfg, sc.LABEL_STAGE)}) ({sc.STAGE_BUDGET})\nor\n"
+                f"0 * {latency}\n+ on ({sc.LABEL_STAGE}) group_left\n"
+                f"max by ({sc.LABEL_STAGE}) ({CONFIGURED_STAGE_BUDGET_RECORD})"
+            ),
+        }
+    )
+    return rules
+
+
+def _cost_records(cfg: SloConfig) -> list[Rule]:
+    grouping = by(cfg, sc.LABEL_TENANT)
+    day = f'{sc.LABEL_WINDOW}="{sc.BUDGET_WINDOW_DAY}"'
+    rules: list[Rule] = [
+        {
+            "record": cost_rate_record(window),
+            "expr": f"sum by ({grouping}) (rate({sc.COST_USD}[{window}]))",
+        }
+        for window in ("5m", "1h")
+    ]
+    rules.append(
+        {
+            "record": COST_DAY_RECORD,
+            "expr": f"sum by ({grouping}) (increase({sc.COST_USD}[1d]))",
+        }
+    )
+    rules += [
+        {
+            "record": CONFIGURED_DAILY_BUDGET_RECORD,
+            "expr": f"vector({usd!r})",
+            "labels": {sc.LABEL_TENANT: tenant, sc.LABEL_WINDOW: sc.BUDGET_WINDOW_DAY},
+        }
+        for tenant, usd in sorted(cfg.daily_budgets_usd.items())
+    ]
+    rules.append(
+        {
+            "record": DAILY_BUDGET_RECORD,
+            "expr": (
+                f"max by ({grouping}) ({sc.BUDGET_USD}{{{day}}})\nor\n"
+                f"0 * {COST_DAY_RECORD}\n+ on ({sc.LABEL_TENANT}) group_left\n"
+                f"max by ({sc.LABEL_TENANT}) ({CONFIGURED_DAILY_BUDGET_RECORD})"
+            ),
+        }
+    )
+    budget = f"({DAILY_BUDGET_RECORD} > 0)"
+    rules.append({"record": COST_SPENT_RECORD, "expr": f"{COST_DAY_RECORD} / {budget}"})
+    horizon = duration_seconds(cfg.cost_page_horizon)
+    rules += [
+        {
+            "record": cost_projected_record(window),
+            "expr": f"({COST_DAY_RECORD} + {cost_rate_record(window)} * {horizon:g}) / {budget}",
+        }
+        for window in ("5m", "1h")
+    ]
+    return rules
+
+
+def _fallback(cfg: SloConfig, op: str, ours: str, vllm: str, window: str | None = None) -> str:
+    """``op by (cluster, namespace, model)`` of the plugin's series, else of vLLM's."""
+    grouping = by(cfg, sc.LABEL_MODEL)
+    if window is None:
+        return f"{op} by ({grouping}) ({ours})\nor\n{op} by ({grouping}) ({as_model(vllm)})"
+    return (
+        f"{op} by ({grouping}) (rate({ours}[{window}]))\nor\n"
+        f"{op} by ({grouping}) ({as_model(f'rate({vllm}[{window}])')})"
+    )
+
+
+def _engine_records(cfg: SloConfig) -> list[Rule]:
+    rules: list[Rule] = []
+    for window in KV_WINDOWS:
+        # Hits and queries from the same source: the plugin's where it runs, else vLLM's
+        # (``unless`` binds tighter than ``or``: vLLM's hits only for models the plugin
+        # counts no queries of).
+        queries = _fallback(cfg, "sum", sc.KV_CACHE_QUERIES, sc.VLLM_PREFIX_CACHE_QUERIES, window)
+        hits = (
+            f"sum by ({by(cfg, sc.LABEL_MODEL)}) (rate({sc.KV_CACHE_HITS}[{window}]))\nor\n"
+            f"sum by ({by(cfg, sc.LABEL_MODEL)}) "
+            f"({as_model(f'rate({sc.VLLM_PREFIX_CACHE_HITS}[{window}])')})\n"
+            f"unless on ({by(cfg, sc.LABEL_MODEL)}) "
+            f"sum by ({by(cfg, sc.LABEL_MODEL)}) ({sc.KV_CACHE_QUERIES})"
+        )
+        rules += [
+            {"record": kv_queries_record(window), "expr": queries},
+            {"record": kv_hits_record(window), "expr": hits},
+            {
+                "record": kv_hit_ratio_record(window),
+                "expr": f"{kv_hits_record(window)} / ({kv_queries_record(window)} > 0)",
+            },
+        ]
+    gpu_by = ", ".join(
+        (
+            *(label for label in cfg.aggregation_labels if label != "namespace"),
+            sc.LABEL_UUID,
+            sc.LABEL_GPU,
+        )
+    )
+    dcgm = f'label_replace({sc.DCGM_SM_ACTIVE}, "{sc.LABEL_UUID}", "$1", "{sc.DCGM_UUID}", "(.*)")'
+    rules += [
+        {
+            "record": GPU_SM_ACTIVE_RECORD,
+            # SM activity only: NVML utilisation says a kernel ran, not how busy the GPU is.
+            # The GPU exporter and DCGM run in different namespaces: keyed by UUID, not by it.
+            "expr": (f"max by ({gpu_by}) ({sc.GPU_SM_ACTIVE})\nor\nmax by ({gpu_by}) ({dcgm})"),
+        },
+        {
+            "record": ENGINE_WAITING_RECORD,
+            "expr": _fallback(cfg, "max", sc.ENGINE_REQUESTS_WAITING, sc.VLLM_REQUESTS_WAITING),
+        },
+        {
+            "record": ENGINE_KV_USAGE_RECORD,
+            "expr": _fallback(cfg, "max", sc.KV_CACHE_USAGE, sc.VLLM_KV_CACHE_USAGE),
+        },
+        {
+            "record": ENGINE_PREEMPTIONS_RECORD,
+            "expr": _fallback(cfg, "sum", sc.ENGINE_PREEMPTIONS, sc.VLLM_PREEMPTIONS, "5m"),
+        },
+    ]
+    return rules + _billing_records(cfg)
+
+
+def _billing_records(cfg: SloConfig) -> list[Rule]:
+    """Billed against generated output tokens per environment, all models together: one vLLM
+    model often serves several public names (``model_name`` is its first), so a per-model
+    comparison would read an alias's tokens as unbilled."""
+    env = by(cfg)
+    output = f'{sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    return [
+        {
+            "record": BILLED_TOKENS_RECORD,
+            "expr": f"sum by ({env}) (rate({output}[{BILLING_WINDOW}]))",
+        },
+        {
+            "record": GENERATED_TOKENS_RECORD,
+            "expr": f"sum by ({env}) (rate({sc.VLLM_GENERATION_TOKENS}[{BILLING_WINDOW}]))",
+        },
+        {
+            "record": BILLING_DRIFT_RECORD,
+            "expr": (
+                f"({GENERATED_TOKENS_RECORD} - on ({env}) {BILLED_TOKENS_RECORD})\n"
+                f"/ ({GENERATED_TOKENS_RECORD} > 0)"
+            ),
+        },
+    ]
+
+
+def render_rules(cfg: SloConfig) -> dict[str, Any]:
+    """The recording-rule file as a mapping (``groups:`` ...)."""
+    return {
+        "groups": [
+            {"name": GROUP_SLI, "rules": _sli_records(cfg)},
+            {"name": GROUP_SLI_PERIOD, "interval": PERIOD_INTERVAL, "rules": _period_records(cfg)},
+            {"name": GROUP_LATENCY, "rules": _latency_records(cfg)},
+            {"name": GROUP_COST, "rules": _cost_records(cfg)},
+            {"name": GROUP_ENGINE, "rules": _engine_records(cfg)},
+        ]
+    }
+
+
+def record_names(cfg: SloConfig) -> set[str]:
+    """Every recording-rule name the config renders."""
+    return {r["record"] for g in render_rules(cfg)["groups"] for r in g["rules"]}

@@ -1,0 +1,206 @@
+"""The batched fold: queued request records reach every series they feed, and a bad record
+costs only itself."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, cast
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stagelens import semconv
+from stagelens._instruments import (
+    FOLD_EVERY,
+    BillingRecord,
+    Instruments,
+    PhaseTimes,
+    RequestRecord,
+    StageTimes,
+)
+from stagelens.config import Settings
+
+
+def _record(model: str = "m", **changes: Any) -> RequestRecord:
+    """One finished, streamed, billed request as the middleware submits it."""
+    record = RequestRecord(
+        model=model,
+        code="200",
+        duration=0.25,
+        ttft=0.05,
+        gaps=[0.01, 0.02, 0.01],
+        stages=StageTimes([("gateway", 0.001), ("inference", 0.2)]),
+        phases=PhaseTimes([("queue", 0.001), ("prefill", 0.04), ("decode", 0.15)]),
+        rejected_by=None,
+        billing=BillingRecord("acme", 300, 16, 128, 0.0004),
+    )
+    return record._replace(**changes)
+
+
+def _value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_request_records_are_folded_before_every_collection() -> None:
+    """A record is visible at the next scrape, with every series it feeds, however few
+    requests were queued."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    instruments.submit(_record())
+    instruments.submit(_record())
+    assert len(instruments._pending) == 2  # fewer than FOLD_EVERY: still queued
+
+    def value(name: str, **labels: str) -> float | None:
+        return _value(registry, name, **labels)
+
+    assert value(semconv.REQUESTS, model="m", code="200") == 2.0
+    assert value(f"{semconv.REQUEST_DURATION}_sum", model="m", code="200") == 0.5
+    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") == 2.0
+    assert value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 6.0
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_sum", phase="prefill", model="m") == 0.08
+    tokens = semconv.TOKENS
+    assert value(tokens, model="m", tenant="acme", type="cached_input") == 256.0
+    assert value(semconv.COST_USD, model="m", tenant="acme") == pytest.approx(0.0008)
+    assert not instruments._pending
+
+
+def test_a_rejection_is_counted_by_the_fold() -> None:
+    """A record naming the stage that rejected it counts one rejection of that stage."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    for _ in range(3):
+        instruments.submit(_record(code="429", ttft=None, gaps=[], rejected_by="gateway"))
+    instruments.fold()
+    got = _value(registry, semconv.REJECTIONS, stage="gateway", model="m", code="429")
+    assert got == 3.0
+
+
+def test_request_records_stay_bounded_without_scrapes() -> None:
+    """Nobody scrapes: the queue is folded every FOLD_EVERY records, never grows."""
+    instruments = Instruments(CollectorRegistry(), Settings())
+    most = 0
+    for _ in range(10 * FOLD_EVERY + 3):
+        instruments.submit(_record())
+        most = max(most, len(instruments._pending))
+    assert most < FOLD_EVERY
+    child = instruments.requests.get("m", "200")
+    assert child._value.get() == 10 * FOLD_EVERY  # folded without any collection
+
+
+_BAD: dict[str, dict[str, Any]] = {
+    "first stage not a number": {"stages": [("gateway", "not a number"), ("inference", 0.2)]},
+    "last stage not a number": {"stages": [("gateway", 0.001), ("inference", "x")]},
+    "stage not a pair": {"stages": [("gateway", 0.001), ("inference",)]},
+    "phase not a number": {"phases": [("queue", 0.001), ("prefill", None)]},
+    "gap not a number": {"gaps": [0.01, "x"]},
+    "ttft not a number": {"ttft": "x"},
+    "duration not a number": {"duration": None},
+    "billing too short": {"billing": ("acme", 300, 16)},
+    "cost not a number": {"billing": BillingRecord("acme", 300, 16, 128, cast("float", "x"))},
+    "not a record": {},
+}
+
+
+@pytest.mark.parametrize("bad", list(_BAD), ids=list(_BAD))
+def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
+    """FOLD_EVERY records with one bad among them, folded once: every other record reaches
+    every series it feeds, none of the bad one's figures do (not even those before the bad
+    value), and the failure is counted once and logged once."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    good = FOLD_EVERY - 1
+    caplog.set_level(logging.WARNING, logger="stagelens")
+    for i in range(FOLD_EVERY):
+        if i == 7:
+            record = _record(**_BAD[bad]) if _BAD[bad] else cast("RequestRecord", ("m", "200"))
+            instruments.submit(record)
+        else:
+            instruments.submit(_record())
+    assert not instruments._pending  # the FOLD_EVERY-th submit folded the batch, once
+
+    def value(name: str, **labels: str) -> float | None:
+        return _value(registry, name, **labels)
+
+    assert value(semconv.REQUESTS, model="m", code="200") == good
+    assert value(f"{semconv.REQUEST_DURATION}_count", model="m", code="200") == good
+    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") == good
+    assert value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * good
+    for stage in ("gateway", "inference"):
+        assert value(f"{semconv.STAGE_DURATION}_count", stage=stage, model="m") == good
+    for phase in ("queue", "prefill", "decode"):
+        assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase=phase, model="m") == good
+    assert value(semconv.TOKENS, model="m", tenant="acme", type="input") == 300 * good
+    assert value(semconv.COST_USD, model="m", tenant="acme") == pytest.approx(0.0004 * good)
+    assert value(semconv.TELEMETRY_ERRORS, component=semconv.COMPONENT_METRICS) == 1.0
+    logged = [r for r in caplog.records if "recording request metrics failed" in r.message]
+    assert len(logged) == 1
+
+
+def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
+    """Should prometheus-client fail writing one series of a batch, the other series of
+    the same records are still written, and the failure is counted."""
+    from stagelens._series import FastHistogram
+
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    broken = instruments.for_model("m").ttft()
+    observe_many = FastHistogram.observe_many
+
+    def failing(self: FastHistogram, values: list[float]) -> None:
+        if self is broken:
+            raise OSError("no space left on device")
+        observe_many(self, values)
+
+    monkeypatch.setattr(FastHistogram, "observe_many", failing)
+    for _ in range(FOLD_EVERY):
+        instruments.submit(_record())
+    assert _value(registry, f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") in (None, 0.0)
+    assert _value(registry, semconv.REQUESTS, model="m", code="200") == FOLD_EVERY
+    assert _value(registry, f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * FOLD_EVERY
+    assert _value(registry, semconv.COST_USD, model="m", tenant="acme") == pytest.approx(
+        0.0004 * FOLD_EVERY
+    )
+    assert _value(registry, semconv.TELEMETRY_ERRORS, component="metrics") == 1.0
+
+
+def test_bad_records_are_each_counted_and_logged_once(caplog) -> None:
+    """Every bad record is counted, in any batch; the log line is written once."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    caplog.set_level(logging.WARNING, logger="stagelens")
+    for _ in range(2):
+        for _ in range(3):
+            instruments.submit(_record(ttft="x"))
+        instruments.submit(_record())
+        instruments.fold()
+    assert _value(registry, semconv.REQUESTS, model="m", code="200") == 2.0
+    assert _value(registry, semconv.TELEMETRY_ERRORS, component="metrics") == 6.0
+    assert sum("recording request metrics failed" in r.message for r in caplog.records) == 1
+
+
+def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> None:
+    """mypy accepts a record built right and rejects one with stage and engine-phase
+    timings swapped, or with an untyped list of timings (they have distinct types)."""
+    from pathlib import Path
+
+    from mypy import api
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    code = "\n".join(
+        (
+            "from stagelens._instruments import PhaseTimes, RequestRecord, StageTimes",
+            's = StageTimes([("gateway", 0.1)])',
+            'p = PhaseTimes([("queue", 0.1)])',
+            'RequestRecord("m", "200", 1.0, None, [], stages=s, phases=p, rejected_by=None,'
+            " billing=None)",
+            'RequestRecord("m", "200", 1.0, None, [], stages=p, phases=s, rejected_by=None,'
+            " billing=None)",
+            'RequestRecord("m", "200", 1.0, None, [], [("gateway", 0.1)], None, None, None)',
+        )
+    )
+    out, _, _ = api.run(["--strict", "--follow-imports=silent", "--no-incremental", "-c", code])
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert [line.split(":")[1] for line in errors] == ["5", "5", "6"], out
+    assert 'expected "StageTimes"' in errors[0]
+    assert 'expected "PhaseTimes | None"' in errors[1]
