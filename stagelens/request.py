@@ -119,6 +119,14 @@ class RequestState:
         if self.root_span.is_recording():
             self.root_span.set_attribute(sc.ATTR_TENANT, self.telemetry.tenants.label(tenant))
 
+    def set_streamed(self) -> None:
+        """Say that the client asked for a streamed completion: the ``ttft`` and ``goodput``
+        SLIs count the request. The upstream instrumentation says so for every streamed
+        call it sends; an app says it itself so that a request it answers before any call
+        (a 503 at admission, a backend refused) is counted too: no first token, because
+        the request failed, is bad for the TTFT SLI."""
+        self.streamed = True
+
     def set_tokenless(self) -> None:
         """Say that the answer generates no tokens (an embedding): its first body byte is no
         first token, so the request records no time to first token."""

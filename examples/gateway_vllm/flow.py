@@ -127,6 +127,9 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
     req, raw = request.scope[REQUEST_KEY]
     tenant = str(request.scope.get(TENANT_KEY, "other"))
     pool = _name_model(gateway, req.model)
+    state = current_request()
+    if req.streaming and state is not None:
+        state.set_streamed()  # a stream refused before its call still counts for TTFT
     lease = Lease()
     handed_over = False
     try:

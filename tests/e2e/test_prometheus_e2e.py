@@ -7,9 +7,9 @@ evaluated through the HTTP API and must return series, each drawn once; then rea
 fire the alerts into a real Alertmanager: an admission delay (TTFT p95 ticket, router stage
 over budget), spend (cost page), the dead backend (backend down, no backend up), an unscraped
 gateway job (gateway absent), calls that bypass the gateway (billing drift), the broken GPU
-collector, and, where the gateway records the SLI counters, an all-503 window (availability
-and TTFT burn pages). The rules come from the same generator as alerts/*.yaml, with
-second-scale windows, so the test takes a few minutes.
+collector, and an all-503 window on streams (availability and TTFT burn pages: the gateway
+names each request a stream before refusing it). The rules come from the same generator as
+alerts/*.yaml, with second-scale windows, so the test takes a few minutes.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ class Gateway:
             span_exporters=[],
             daily_budgets_usd={TINY_BUDGET_TENANT: ACME_DAILY_BUDGET_USD, "big": 1000.0},
             tenants=(TINY_BUDGET_TENANT, "big"),
+            models=(SERVED_MODEL,),
             stage_budgets_seconds={"router": ROUTER_BUDGET_SECONDS},
         )
         client = httpx.AsyncClient(base_url=upstream_url, timeout=60)
@@ -95,6 +96,12 @@ class Gateway:
         @app.post("/v1/chat/completions")
         async def chat(request: Request) -> Response:
             body = await request.json()
+            state = stagelens.current_request()
+            if state is not None:
+                if body.get("model") == SERVED_MODEL:  # the router's model names the series,
+                    state.set_model(SERVED_MODEL)  # also for a request refused before its call
+                if body.get("stream"):
+                    state.set_streamed()  # a stream refused at admission counts for TTFT
             with stagelens.stage(stagelens.Stage.TOKENIZER):
                 body.setdefault("max_tokens", 8)
                 if body.get("stream"):  # usage at the end of the stream: what billing reads
@@ -451,25 +458,6 @@ def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(head + zone.replace("Z", "+00:00")).timestamp()
 
 
-def _sli_recorded(prom: PromStack) -> bool:
-    return bool(prom.query(sc.SLI_REQUESTS))
-
-
-NEW_INSTRUMENTATION = (sc.SLI_REQUESTS, sc.SLI_ERRORS, sc.UPSTREAM_TTFT, ":sli_", "error_budget")
-"""What panels read from the SLI counters and the upstream TTFT histogram, which the gateway
-instrumentation of issue 15 adds (queries reading them are checked once it records them)."""
-
-
-def _unrecorded(prom: PromStack) -> set[str]:
-    """The NEW_INSTRUMENTATION names whose source the gateway does not expose yet."""
-    missing = set()
-    if not prom.query(sc.SLI_REQUESTS):
-        missing |= {sc.SLI_REQUESTS, sc.SLI_ERRORS, ":sli_", "error_budget"}
-    if not prom.query(f"{sc.UPSTREAM_TTFT}_count"):
-        missing.add(sc.UPSTREAM_TTFT)
-    return missing
-
-
 class TestPrometheusEndToEnd:
     def test_every_panel_query_returns_series_once(self, stack: Stack, tmp_path: Path) -> None:
         """Under real traffic every panel query evaluates, returns series, and draws each
@@ -483,12 +471,7 @@ class TestPrometheusEndToEnd:
         empty: list[str] = []
         doubled: list[str] = []
         queries = dashboard_queries()
-        unrecorded = _unrecorded(prom)
-        skipped: list[str] = []
         for board, title, expr, fmt in queries:
-            if any(name in expr for name in unrecorded):
-                skipped.append(title)  # the gateway does not record its source (yet)
-                continue
             result = prom.query(concrete(expr))
             if not result:
                 empty.append(f"{board} / {title}: {expr}")
@@ -498,7 +481,6 @@ class TestPrometheusEndToEnd:
         assert not empty, "panels without series:\n" + "\n".join(empty)
         assert not doubled, "series drawn twice:\n" + "\n".join(doubled)
         assert len(queries) > 60
-        assert bool(skipped) == bool(unrecorded)
         rejected = {s["metric"]["stage"] for s in prom.query(sc.REJECTIONS)}
         assert rejected == {"gateway", "router"}, rejected
         # GPU-time cost per output token is priced from the exporter's per-GPU gauge.
@@ -507,8 +489,7 @@ class TestPrometheusEndToEnd:
         price = prom.query(f"({concrete(cost)}) * {output} * 3600 / count({sc.GPU_COST_PER_HOUR})")
         assert float(price[0]["value"][1]) == pytest.approx(GPU_PRICE_USD_PER_HOUR)
         print(
-            f"e2e panels: {len(queries)} queries ({len(skipped)} skipped, sources not recorded: "
-            f"{sorted(unrecorded)}: {sorted(set(skipped))}), "
+            f"e2e panels: {len(queries)} queries, "
             f"{sent} requests, {time.monotonic() - started:.1f}s"
         )
 
@@ -609,8 +590,6 @@ class TestPrometheusEndToEnd:
     def test_all_503_window_pages(self, stack: Stack) -> None:
         """Every request answered 503: StagelensAvailabilityBudgetBurn and
         StagelensTTFTBudgetBurn page (a 503 is no first token)."""
-        if not _sli_recorded(stack.prom):
-            pytest.skip("the gateway does not record stagelens_sli_requests_total yet")
         stack.gateway.fail_status = 503
         try:
             names = {ar.ALERT_AVAILABILITY_BUDGET_BURN, sc.ALERT_TTFT_BUDGET_BURN}

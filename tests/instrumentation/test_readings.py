@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from stagelens import instrument_app, instrument_httpx_client
+from stagelens import current_request, instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
-from stagelens.testing import TelemetryCapture
+from stagelens.testing import TelemetryCapture, capture_telemetry
 
 pytestmark = pytest.mark.anyio
 
@@ -241,6 +241,75 @@ class TestFailureAfterHeaders:
         assert cap.value(sc.UNMETERED_REQUESTS, model="tiny", billing=sc.BILLING_ESTIMATED) == 1
         assert inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
         assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+
+    async def test_a_fast_first_token_keeps_the_ttft_objective(self, cap, scripted_url) -> None:
+        """Dying after two fast tokens: bad for availability and ITL (failed after its first
+        token), good for TTFT, whose objective the first token met (documented)."""
+        script = [[0, event(ROLE)], [0, event(content("a"))], [0, event(content("b"))]]
+        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script, "x_die": True})
+        bad = {
+            sli: cap.value(sc.SLI_ERRORS, model="tiny", sli=sli)
+            for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT)
+        }
+        assert bad == {
+            sc.SLI_AVAILABILITY: 1,
+            sc.SLI_TTFT: 0,
+            sc.SLI_ITL: 1,
+            sc.SLI_GOODPUT: 1,
+        }
+
+    async def test_dying_before_the_first_token_is_bad_for_ttft(self, cap, scripted_url) -> None:
+        """Dying after the role-only chunk: code 200 and no TTFT sample, but bad for
+        availability and for TTFT (no first token because the request failed)."""
+        script = [[0, event(ROLE)]]
+        r = await _post(
+            _proxy(cap, scripted_url), {"stream": True, "x_script": script, "x_die": True}
+        )
+        assert r.status_code == 200
+        assert cap.value(sc.REQUESTS, model="tiny", code="200") == 1
+        assert not cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny")
+        for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_GOODPUT):
+            assert cap.value(sc.SLI_REQUESTS, model="tiny", sli=sli) == 1, sli
+            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sli) == 1, sli
+
+
+class TestStreamNamedByTheApp:
+    """A stream the app refuses before any upstream call is in the TTFT SLI only when the
+    app names it a stream (``current_request().set_streamed()``)."""
+
+    @staticmethod
+    def _refusing(cap: TelemetryCapture, *, name_it: bool) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Response:
+            body = await request.json()
+            state = current_request()
+            assert state is not None
+            state.set_model(body["model"])
+            if name_it and body.get("stream"):
+                state.set_streamed()
+            return JSONResponse({"error": {"message": "no capacity"}}, status_code=503)
+
+        instrument_app(app, telemetry=cap.telemetry)
+        return app
+
+    @pytest.mark.parametrize("name_it", [True, False])
+    async def test_a_refused_stream_counts_for_ttft_when_named(self, name_it) -> None:
+        """503 before any call: bad for availability; bad for TTFT when named a stream,
+        not counted by TTFT otherwise (nothing says it asked for one)."""
+        with capture_telemetry(models=("tiny",)) as cap:
+            r = await _post(self._refusing(cap, name_it=name_it), {"stream": True})
+            self._check(cap, r, name_it)
+
+    @staticmethod
+    def _check(cap: TelemetryCapture, r: httpx.Response, name_it: bool) -> None:
+        assert r.status_code == 503
+        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_AVAILABILITY) == 1
+        counted = cap.value(sc.SLI_REQUESTS, model="tiny", sli=sc.SLI_TTFT)
+        assert counted == (1 if name_it else None)
+        if name_it:
+            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_TTFT) == 1
 
 
 class TestTokens:
