@@ -372,6 +372,7 @@ class _RequestTracker:
                     phases=PhaseTimes(phases) if phases else None,
                     rejected_by=state.rejected_by if code >= 400 else None,
                     billing=state.billing,
+                    genai=state.genai,
                 )
             )
         except Exception as exc:

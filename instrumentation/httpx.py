@@ -41,6 +41,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from stagelens import semconv as sc
+from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
@@ -186,6 +187,9 @@ class _UpstreamCall:
         self.stream = bool(payload.get("stream", False))
         if state is not None and state.model is None:
             state.set_model(self.model)
+        if state is not None and telemetry.instruments.sinks:  # the GenAI metrics are on
+            url = request.url
+            state.genai = GenAICall(operation, self.stream, url.host, url.port)
         if state is not None and not state.recording:
             # Sampled out: propagate the root's (unsampled) context, build nothing.
             self.span: trace.Span = trace.NonRecordingSpan(state.root_span.get_span_context())
@@ -373,9 +377,9 @@ class _UpstreamCall:
                 return
 
     def _absorb(self, body: dict[str, Any]) -> None:
+        self._response_model = self._response_model or body.get("model")
         if self._recording:  # what only the span shows
             self._response_id = self._response_id or body.get("id")
-            self._response_model = self._response_model or body.get("model")
             for choice in body.get("choices") or ():
                 reason = choice.get("finish_reason")
                 if reason:
@@ -447,6 +451,9 @@ class _UpstreamCall:
         if state is not None:  # recorded with the request's other figures at its end
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
+            answered = self._response_model
+            if state.genai is not None and isinstance(answered, str):
+                state.genai = state.genai._replace(response_model=answered)
         else:  # no request around the call: recorded now, its model label bounded here
             model = telemetry.models.label(self.model, served=error is None and not self._refused)
             series = telemetry.instruments.for_model(model)
