@@ -17,7 +17,8 @@ class GenAICall(NamedTuple):
     """One request's upstream GenAI call (the last one, when there were several)."""
 
     operation: str
-    """``gen_ai.operation.name``: ``chat``, ``text_completion`` or ``embeddings``."""
+    """``gen_ai.operation.name``: ``chat`` or ``text_completion`` (the calls the upstream
+    instrumentation wraps)."""
     stream: bool
     """The client asked for a streamed (SSE) answer: only then is the first body chunk the
     first token."""

@@ -159,6 +159,11 @@ def _check_request(
     assert tpot[1] == pytest.approx((duration[1] - ttft[1]) / after_first)
     # Decode as the client saw it: first event to the last event with a choice.
     assert abs(tpot[1] * after_first - (last - first)) < 0.5
+    print(  # the figures, for a reader running with -s
+        f"duration {duration[1]:.4f}/{ended - started:.4f} s, ttft {ttft[1]:.4f}/"
+        f"{first - started:.4f} s, tpot {tpot[1]:.5f}/{(last - first) / after_first:.5f} s "
+        f"(gateway/SDK), tokens {usage.prompt_tokens} in, {usage.completion_tokens} out"
+    )
     for kind, want in (("input", usage.prompt_tokens), ("output", usage.completion_tokens)):
         match = {**common, "gen_ai.token.type": kind}
         got = _delta(before, after, names.OTEL_GEN_AI_CLIENT_TOKEN_USAGE, **match)

@@ -221,6 +221,9 @@ class TestOverOtlp:
             # the upstream's scripted gaps set.
             per_token = timed.decode / (timed.usage["completion_tokens"] - 1)
             assert p.sum >= GAP
+            # The semconv's definition, with the upstream's token count the client read.
+            tokens_after_first = timed.usage["completion_tokens"] - 1
+            assert p.sum == pytest.approx((d.sum - t.sum) / tokens_after_first)
             assert abs(p.sum - per_token) < 0.25 / (CHUNKS - 1), (p.sum, per_token)
             for kind, key in (("input", "prompt_tokens"), ("output", "completion_tokens")):
                 u = _one(usage, gen_ai__request__model=model, gen_ai__token__type=kind)
