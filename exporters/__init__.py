@@ -130,6 +130,10 @@ def configure(
       when nvidia-ml-py imports and ``STAGELENS_GPU_COLLECTOR`` is not ``0``. Without a GPU
       it reports ``stagelens_gpu_collector_up 0`` and logs one warning. With
       ``meter_provider`` (or a global SDK MeterProvider) the ``hw.*`` OTel gauges too.
+    - GenAI metrics (``genai_metrics=True`` / ``STAGELENS_GENAI_METRICS=1``; off by
+      default, and then nothing is created): the ``gen_ai.*`` histograms of the GenAI
+      semantic conventions on ``meter_provider`` when given, else exported over OTLP per
+      ``OTEL_EXPORTER_OTLP[_METRICS]_*`` (``exporters/genai_metrics.py``).
     """
     resolved = load_settings(settings, **overrides)
     recording = recording_registry(registry)
@@ -164,6 +168,10 @@ def configure(
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
     enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)
+    if resolved.genai_metrics:
+        from stagelens.exporters.genai_metrics import enable_genai_metrics
+
+        enable_genai_metrics(telemetry, meter_provider=meter_provider)
     if metrics_port is not None:
         start_http_server(metrics_port, addr=metrics_addr, registry=exposition)
     return telemetry

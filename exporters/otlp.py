@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import (
     MetricsData,
     PeriodicExportingMetricReader,
 )
+from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from stagelens.exporters.deferred import DeferredTracerProvider, DropCounter
@@ -242,8 +243,11 @@ class OtlpMetricsPipeline:
         *,
         service_name: str,
         exporter: MetricExporter | None = None,
+        views: Sequence[View] = (),
     ) -> None:
-        """Raises ConfigurationError / DependencyMissingError for bad ``OTEL_*`` settings."""
+        """Raises ConfigurationError / DependencyMissingError for bad ``OTEL_*`` settings.
+
+        ``views`` go to the MeterProvider (e.g. exponential aggregation for histograms)."""
         self.reader = PeriodicExportingMetricReader(
             _CountingMetricExporter(exporter or otlp_exporter("metrics"), on_failure)
         )
@@ -259,6 +263,7 @@ class OtlpMetricsPipeline:
         self.provider = SdkMeterProvider(
             resource=resource,
             metric_readers=[self.reader],
+            views=list(views),
             exemplar_filter=AlwaysOffExemplarFilter(),
             shutdown_on_exit=False,  # our atexit hook drains the queues first
         )

@@ -33,6 +33,7 @@ from stagelens.instrumentation._headers import add_upstream_headers
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
@@ -118,6 +119,9 @@ class _UpstreamCall(EventReader):
                 inference = state.inference = InferenceFacts()
             inference.calls += 1
             state.streamed = state.streamed or stream
+            if telemetry.instruments.sinks:  # the GenAI metrics are on
+                url = request.url
+                state.genai = GenAICall(operation, stream, url.host, url.port)
         self._inference = inference
         n = payload.get("n")
         EventReader.__init__(
@@ -267,6 +271,9 @@ class _UpstreamCall(EventReader):
                 inference.upstream_ttft = upstream_ttft
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
+            answered_model = self._response_model
+            if state.genai is not None and answered_model is not None:
+                state.genai = state.genai._replace(response_model=answered_model)
         else:  # no request around the call: recorded now, its model label bounded here
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
@@ -298,8 +305,9 @@ class _UpstreamCall(EventReader):
         super().take(facts)
         if facts.metrics is not None:
             self._engine = facts.metrics
-        if self._recording:
-            self._response_model = self._response_model or facts.model
+        # Read whether or not the span is recorded: the GenAI metrics name the answering
+        # model (one dict lookup on the few events that are parsed).
+        self._response_model = self._response_model or facts.model
 
     def _metered(self, answered: bool) -> tuple[Any, str | None]:
         """(the call's usage, the billing label when the server's usage was missing)."""

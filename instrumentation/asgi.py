@@ -377,6 +377,7 @@ class _RequestTracker:
                     rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
                     billing=state.billing,
                     outcome=outcome,
+                    genai=state.genai,
                 )
             )
         except Exception as exc:

@@ -32,6 +32,7 @@ from stagelens.buckets import (
 )
 from stagelens.config import Settings
 from stagelens.errors import ConfigurationError
+from stagelens.genai_call import GenAICall
 
 __all__ = [
     "FOLD_EVERY",
@@ -44,6 +45,7 @@ __all__ = [
     "OutcomeRecord",
     "PhaseTimes",
     "RequestRecord",
+    "RequestSink",
     "StageTimes",
     "instruments_for",
 ]
@@ -104,7 +106,12 @@ class RequestRecord(NamedTuple):
     billing: BillingRecord | None
     outcome: OutcomeRecord | None = None
     """SLI verdicts, upstream time to first token and metering gap."""
+    genai: GenAICall | None = None
+    """The upstream GenAI call, recorded only while a sink wants it (``add_sink``)."""
 
+
+RequestSink = Callable[[list[RequestRecord]], None]
+"""Called with each folded batch of finished requests (``Instruments.add_sink``)."""
 
 _Observed = defaultdict[FastHistogram, list[float]]
 """Values to observe, per bound histogram."""
@@ -291,6 +298,16 @@ class Instruments:
         self._models: dict[str, ModelSeries] = {}
         self._billing: dict[tuple[str, str], BillingSeries] = {}
         self._bind_lock = threading.Lock()
+        self.sinks: list[RequestSink] = []
+        """Consumers of every folded batch beyond the Prometheus series (the GenAI OTel
+        metrics); empty unless one is installed, and the request path builds a record's
+        ``genai`` only when it is not."""
+
+    def add_sink(self, sink: RequestSink) -> None:
+        """Hand every folded batch to ``sink`` too, after the series are written (off the
+        request path, as they are). A sink that raises is counted and logged like a bad
+        record; the batch is written to the series all the same."""
+        self.sinks.append(sink)
 
     def for_model(self, model: str) -> ModelSeries:
         """The bound series of ``model`` (created once per label value)."""
@@ -362,6 +379,11 @@ class Instruments:
                     write(argument)
                 except Exception as exc:
                     failed.append(exc)
+            for sink in self.sinks:
+                try:
+                    sink(batch)
+                except Exception as exc:
+                    failed.append(exc)
             if failed:
                 self._failed(len(failed), failed[0])
 
@@ -381,6 +403,7 @@ class Instruments:
             rejected_by,
             billed,
             outcome,
+            _genai,
         ) in batch:
             series = for_model(model)
             request_duration, requests = series.outcome(code)

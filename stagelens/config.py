@@ -84,6 +84,14 @@ class Settings(BaseSettings):
     """``model`` label for requests whose model was never set (e.g. rejected early)."""
     span_queue_size: int = Field(default=2048, ge=1)
     """Bound on spans waiting for export: a dead collector costs at most this much memory."""
+    genai_metrics: bool = False
+    """Also record the GenAI semantic conventions' OpenTelemetry histograms
+    (``gen_ai.server.*``, ``gen_ai.client.token.usage``) and export them over OTLP
+    (``configure()``; ``exporters/genai_metrics.py``). Off: nothing is created or recorded."""
+    genai_metrics_exponential: bool = False
+    """With ``genai_metrics``: aggregate those histograms as base-2 exponential histograms
+    (a View on the MeterProvider ``configure()`` builds) instead of the semconv's explicit
+    buckets."""
 
     @field_validator("itl_slo_threshold_seconds")
     @classmethod

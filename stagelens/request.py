@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from stagelens import semconv as sc
 from stagelens._instruments import BillingRecord, StageTimes
+from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.stages import Stage
 
@@ -36,6 +37,7 @@ class RequestState:
         "code",
         "cost_usd",
         "disconnected",
+        "genai",
         "inference",
         "model",
         "phases",
@@ -87,6 +89,8 @@ class RequestState:
         """(stage, seconds) recorded at request end, when the model label is known."""
         self.tokenless = False
         """The answer carries no generated tokens (embeddings): it has no first token."""
+        self.genai: GenAICall | None = None
+        """The upstream GenAI call, set only while the GenAI metrics are on."""
 
     @property
     def first_token_at(self) -> float | None:

@@ -131,6 +131,23 @@ GEN_AI_OPERATION_TEXT_COMPLETION: Final = "text_completion"
 GEN_AI_OPERATION_EMBEDDINGS: Final = "embeddings"
 """``gen_ai.operation.name`` for embeddings (no output tokens, no time to first token)."""
 
+GEN_AI_SYSTEM: Final = "gen_ai.system"
+"""The provider key of the GenAI conventions up to v1.36.0 (``vllm``), renamed
+``gen_ai.provider.name`` in v1.37.0: the GenAI metrics carry it by default, as the v1.41.0
+transition plan asks of instrumentations (``OTEL_SEMCONV_STABILITY_OPT_IN``)."""
+GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
+"""On ``gen_ai.client.token.usage``: which tokens a value counts (``input``, ``output``)."""
+GEN_AI_TOKEN_TYPE_INPUT: Final = "input"
+"""``gen_ai.token.type`` value: prompt tokens, cached ones included (billable, as billed)."""
+GEN_AI_TOKEN_TYPE_OUTPUT: Final = "output"
+"""``gen_ai.token.type`` value: completion tokens (billable, as billed)."""
+SEMCONV_STABILITY_OPT_IN_ENV: Final = "OTEL_SEMCONV_STABILITY_OPT_IN"
+"""Environment variable (comma-separated) choosing which semantic-convention versions
+instrumentations emit, read as the OpenTelemetry contrib instrumentations read it."""
+SEMCONV_GEN_AI_LATEST_EXPERIMENTAL: Final = "gen_ai_latest_experimental"
+"""``OTEL_SEMCONV_STABILITY_OPT_IN`` value: the GenAI metrics carry the v1.41.0 provider key
+``gen_ai.provider.name`` instead of the v1.36.0 ``gen_ai.system`` (nothing else differs)."""
+
 CAPTURE_MESSAGE_CONTENT_ENV: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """Environment variable that opts in to recording prompt/completion text (off by default)."""
 
@@ -451,6 +468,9 @@ COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
 COMPONENT_VLLM_TRACES: Final = "vllm_traces"
 """``component`` label value: engine spans (``STAGELENS_VLLM_TRACES=1``) could not be set up
 from the ``OTEL_*`` settings, or one could not be built (the engine went on)."""
+COMPONENT_GENAI_METRICS: Final = "genai_metrics"
+"""``component`` label value: a batch of finished requests could not be recorded in the
+GenAI OpenTelemetry metrics (``STAGELENS_GENAI_METRICS=1``); the Prometheus series were."""
 COMPONENT_LEDGER: Final = "ledger"
 """``component`` label value: the reference gateway's usage ledger (SQLite, PostgreSQL)
 could not be written or read; the request was served, its usage is not on record."""
@@ -488,3 +508,29 @@ OTEL_ENGINE_PREEMPTIONS: Final = "stagelens.engine.preemptions"
 """Counter, ``{preemption}`` {backend, model} -> ``stagelens_engine_preemptions_total``."""
 OTEL_ENGINE_PHASE_DURATION: Final = "stagelens.engine.phase.duration"
 """Histogram, ``s`` {phase, model} -> ``stagelens_engine_phase_duration_seconds``."""
+
+# OpenTelemetry GenAI metrics of the gateway (opt-in: ``STAGELENS_GENAI_METRICS=1``), named,
+# unitised and bucketed as the GenAI semantic conventions v1.41.0 define them
+# (open-telemetry/semantic-conventions, model/gen-ai/metrics.yaml and
+# docs/gen-ai/gen-ai-metrics.md; the names are those of opentelemetry-semantic-conventions'
+# ``_incubating/metrics/gen_ai_metrics.py``, spelled here because only its ``_incubating``
+# modules have them). Recorded by ``exporters/genai_metrics.py`` from each finished
+# request's record; requests that made no upstream GenAI call are not GenAI operations.
+OTEL_GEN_AI_SERVER_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
+"""OTel histogram, unit ``s``: gateway receipt to last byte sent (the semconv's
+"time-to-last byte"), ``error.type`` set to the status code when the answer was an error
+(4xx and 5xx, 499 for a client gone before the answer)."""
+OTEL_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: Final = "gen_ai.server.time_to_first_token"
+"""OTel histogram, unit ``s``: gateway receipt to the first token sent to the client, for
+successful streamed responses (a non-streamed body's first byte is its last token)."""
+OTEL_GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN: Final = "gen_ai.server.time_per_output_token"
+"""OTel histogram, unit ``s``: (request duration - time to first token) / (output tokens -
+1), as the semconv defines it, for successful streamed responses with 2+ output tokens."""
+OTEL_GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
+"""OTel histogram, unit ``{token}``: billed input and output tokens per request (the
+semconv: "instrumentation MUST report billable tokens"), one value per ``gen_ai.token.type``;
+no output value for embeddings."""
+GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
+"""Name of an observable gauge the GenAI metrics register and that never observes anything:
+its callback, which the SDK runs at the start of every collection, folds the requests still
+queued, so each export has every finished request. Never exported (no data points)."""

@@ -162,6 +162,18 @@ _HW_SENSOR: Final = (sc.ATTR_HW_ID, sc.ATTR_HW_NAME, sc.ATTR_HW_PARENT, sc.ATTR_
 _PHASE_LABELS: Final = (sc.LABEL_PHASE, sc.LABEL_MODEL)
 
 
+_GEN_AI: Final = (
+    sc.GEN_AI_OPERATION_NAME,
+    sc.GEN_AI_SYSTEM,
+    sc.GEN_AI_REQUEST_MODEL,
+    sc.GEN_AI_RESPONSE_MODEL,
+    sc.SERVER_ADDRESS,
+    sc.SERVER_PORT,
+)
+"""The attributes every GenAI histogram carries (``gen_ai.system`` or, opted in,
+``gen_ai.provider.name``)."""
+
+
 def _gpu(name: str, kind: MetricKind, unit: str, prometheus: str | None) -> OtelMetricSpec:
     return OtelMetricSpec(name, kind, unit, _HW_GPU, GPU_COLLECTOR, prometheus)
 
@@ -208,9 +220,45 @@ OTEL_METRICS: Final[tuple[OtelMetricSpec, ...]] = (
     _plugin(sc.OTEL_ENGINE_REQUESTS_WAITING, "gauge", sc.UNIT_REQUEST, sc.ENGINE_REQUESTS_WAITING),
     _plugin(sc.OTEL_ENGINE_PREEMPTIONS, "counter", sc.UNIT_PREEMPTION, sc.ENGINE_PREEMPTIONS),
     _plugin(sc.OTEL_ENGINE_PHASE_DURATION, "histogram", sc.UNIT_SECONDS, sc.ENGINE_PHASE_DURATION),
+    OtelMetricSpec(
+        sc.OTEL_GEN_AI_SERVER_REQUEST_DURATION,
+        "histogram",
+        sc.UNIT_SECONDS,
+        (*_GEN_AI, sc.ERROR_TYPE),
+        GATEWAY,
+        sc.REQUEST_DURATION,
+    ),
+    OtelMetricSpec(
+        sc.OTEL_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
+        "histogram",
+        sc.UNIT_SECONDS,
+        _GEN_AI,
+        GATEWAY,
+        sc.TIME_TO_FIRST_TOKEN,
+    ),
+    OtelMetricSpec(
+        sc.OTEL_GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
+        "histogram",
+        sc.UNIT_SECONDS,
+        _GEN_AI,
+        GATEWAY,
+        None,
+    ),
+    OtelMetricSpec(
+        sc.OTEL_GEN_AI_CLIENT_TOKEN_USAGE,
+        "histogram",
+        sc.UNIT_TOKEN,
+        (*_GEN_AI, sc.GEN_AI_TOKEN_TYPE),
+        GATEWAY,
+        sc.TOKENS,
+    ),
 )
-"""Every OpenTelemetry instrument: the GPU ``hw.*`` gauges (``configure(meter_provider=)``)
-and the vLLM plugin's metrics over OTLP (``STAGELENS_VLLM_OTLP_METRICS=1``)."""
+"""Every OpenTelemetry instrument: the GPU ``hw.*`` gauges (``configure(meter_provider=)``),
+the vLLM plugin's metrics over OTLP (``STAGELENS_VLLM_OTLP_METRICS=1``) and the gateway's
+GenAI histograms (``STAGELENS_GENAI_METRICS=1``; ``gen_ai.system`` is
+``gen_ai.provider.name`` with ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental``).
+The Prometheus column names the series with the same reading, where one exists (in its own
+buckets and labels)."""
 
 ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_STAGE, "string"),
@@ -225,6 +273,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_USAGE_ESTIMATED, "boolean"),
     AttributeSpec(sc.GEN_AI_OPERATION_NAME, "string"),
     AttributeSpec(sc.GEN_AI_PROVIDER_NAME, "string"),
+    AttributeSpec(sc.GEN_AI_SYSTEM, "string"),
+    AttributeSpec(sc.GEN_AI_TOKEN_TYPE, "string"),
     AttributeSpec(sc.GEN_AI_REQUEST_MODEL, "string"),
     AttributeSpec(sc.GEN_AI_REQUEST_MAX_TOKENS, "int", "{token}"),
     AttributeSpec(sc.GEN_AI_REQUEST_STREAM, "boolean"),
@@ -355,6 +405,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "MODEL_": sc.LABEL_MODEL,
     "GEN_AI_OPERATION_": sc.GEN_AI_OPERATION_NAME,
     "GEN_AI_PROVIDER_": sc.GEN_AI_PROVIDER_NAME,
+    "GEN_AI_TOKEN_TYPE_": sc.GEN_AI_TOKEN_TYPE,
     "HW_TYPE_": sc.ATTR_HW_TYPE,
     "HW_GPU_TASK_": sc.ATTR_HW_GPU_TASK,
     "HW_VENDOR_": sc.ATTR_HW_VENDOR,

@@ -251,8 +251,12 @@ def _otel(docs: dict[str, str]) -> list[str]:
     return [
         "## OpenTelemetry metrics",
         "",
-        "The GPU readings as `hw.*` instruments (`configure(meter_provider=...)`) and the vLLM",
-        "plugin's metrics over OTLP (`STAGELENS_VLLM_OTLP_METRICS=1`). Units are UCUM.",
+        "The GPU readings as `hw.*` instruments (`configure(meter_provider=...)`), the vLLM",
+        "plugin's metrics over OTLP (`STAGELENS_VLLM_OTLP_METRICS=1`) and the gateway's GenAI",
+        "histograms (`STAGELENS_GENAI_METRICS=1`, semantic conventions v1.41.0, with their",
+        "bucket advice; `gen_ai.system` becomes `gen_ai.provider.name` with",
+        "`OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`). Units are UCUM; the",
+        "Prometheus column names the series with the same reading, where there is one.",
         "",
         *_table(header, rows),
     ]
