@@ -22,7 +22,15 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens._series import BillingSeries, ChildCache, FastCounter, FastHistogram, ModelSeries
+from stagelens._series import (
+    BillingSeries,
+    Candidates,
+    ChildCache,
+    ExemplarRef,
+    FastCounter,
+    FastHistogram,
+    ModelSeries,
+)
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -37,6 +45,7 @@ __all__ = [
     "FOLD_EVERY",
     "BillingRecord",
     "BillingSeries",
+    "ExemplarRef",
     "FastCounter",
     "FastHistogram",
     "Instruments",
@@ -90,12 +99,17 @@ class RequestRecord(NamedTuple):
     rejected_by: str | None
     """The stage that answered the request with an error."""
     billing: BillingRecord | None
+    exemplar: ExemplarRef | None = None
+    """The request's trace when it was sampled: its TTFT, duration and stage times may
+    become exemplars. None for a sampled-out request, which never names a trace."""
 
 
 _Observed = defaultdict[FastHistogram, list[float]]
 """Values to observe, per bound histogram."""
 _Added = defaultdict[FastCounter, float]
 """Amounts to add, per bound counter."""
+_Exemplars = defaultdict[FastHistogram, Candidates]
+"""Exemplar candidates, per bound histogram."""
 
 
 def _check(observed: _Observed) -> None:
@@ -127,6 +141,8 @@ class Instruments:
         # process cannot precede: each record is applied at once there.
         self._fold_every = FOLD_EVERY if _compat.in_process_values() else 1
         self._fold_failed = False
+        # prometheus-client's multiprocess files hold no exemplars: none are gathered there.
+        self._keep_exemplars = _compat.in_process_values()
         r = registry
         # Registered before the series, so that a collection folds, then reads them.
         r.register(_FoldBeforeCollect(self))
@@ -300,19 +316,23 @@ class Instruments:
         with self._fold_lock:
             batch = [pending.popleft() for _ in range(len(pending))]
             failed: list[Exception] = []
+            applied = batch
             try:
                 observed, added = self._collect(batch)
                 _check(observed)
             except Exception:
-                observed, added = self._collect_each(batch, failed)
+                applied = []
+                observed, added = self._collect_each(batch, failed, applied)
+            kept = self._exemplars(applied, failed)
             # Each series written on its own: one failing write loses only its series.
-            writes: list[tuple[Callable[[Any], None], Any]] = [
-                (histogram.observe_many, values) for histogram, values in observed.items()
+            writes: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+                (histogram.observe_many, (values, kept.get(histogram)))
+                for histogram, values in observed.items()
             ]
-            writes += [(counter.inc, amount) for counter, amount in added.items()]
-            for write, argument in writes:
+            writes += [(counter.inc, (amount,)) for counter, amount in added.items()]
+            for write, arguments in writes:
                 try:
-                    write(argument)
+                    write(*arguments)
                 except Exception as exc:
                     failed.append(exc)
             if failed:
@@ -323,7 +343,7 @@ class Instruments:
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         for_model = self.for_model
-        for model, code, duration, ttft, gaps, stages, phases, rejected_by, billed in batch:
+        for model, code, duration, ttft, gaps, stages, phases, rejected_by, billed, _ in batch:
             series = for_model(model)
             request_duration, requests = series.outcome(code)
             observed[request_duration].append(duration)
@@ -351,10 +371,11 @@ class Instruments:
         return observed, added
 
     def _collect_each(
-        self, batch: list[RequestRecord], failed: list[Exception]
+        self, batch: list[RequestRecord], failed: list[Exception], applied: list[RequestRecord]
     ) -> tuple[_Observed, _Added]:
         """``_collect`` record by record, leaving out (and listing in ``failed``) each
-        record whose collection fails or holds a value that is not a number."""
+        record whose collection fails or holds a value that is not a number; the others
+        are listed in ``applied``."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         for record in batch:
@@ -364,11 +385,44 @@ class Instruments:
             except Exception as exc:
                 failed.append(exc)
                 continue
+            applied.append(record)
             for histogram, values in mine.items():
                 observed[histogram] += values
             for counter, amount in counts.items():
                 added[counter] += amount
         return observed, added
+
+    def _exemplars(
+        self, batch: list[RequestRecord], failed: list[Exception]
+    ) -> dict[FastHistogram, Candidates]:
+        """The exemplar candidates of the sampled requests in ``batch`` (every record of
+        which was collected): their TTFT, request duration and stage times, per histogram,
+        in the order the requests ended. A sampled-out record costs one attribute read;
+        none are gathered in multiprocess mode. Never raises (a failure is listed)."""
+        if not self._keep_exemplars:
+            return {}
+        try:
+            return self._candidates(batch)
+        except Exception as exc:  # every series it binds was bound: not expected
+            failed.append(exc)
+            return {}
+
+    def _candidates(self, batch: list[RequestRecord]) -> _Exemplars:
+        """See ``_exemplars``."""
+        kept: _Exemplars = defaultdict(list)
+        for_model = self.for_model
+        for record in batch:
+            ref = record.exemplar
+            if ref is None:
+                continue
+            series = for_model(record.model)  # bound by the collection: no new series
+            kept[series.outcome(record.code)[0]].append((record.duration, ref))
+            if record.ttft is not None:
+                kept[series.ttft()].append((record.ttft, ref))
+            stage = series.stage
+            for name, seconds in record.stages:
+                kept[stage(name)].append((seconds, ref))
+        return kept
 
     def _failed(self, failures: int, exc: Exception) -> None:
         """Count ``failures`` and log the first ever (its type and message: no record

@@ -147,10 +147,10 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     broken = instruments.for_model("m").ttft()
     observe_many = FastHistogram.observe_many
 
-    def failing(self: FastHistogram, values: list[float]) -> None:
+    def failing(self: FastHistogram, values: list[float], exemplars: Any = None) -> None:
         if self is broken:
             raise OSError("no space left on device")
-        observe_many(self, values)
+        observe_many(self, values, exemplars)
 
     monkeypatch.setattr(FastHistogram, "observe_many", failing)
     for _ in range(FOLD_EVERY):
