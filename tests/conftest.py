@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from stagelens.reference.ledger import LEDGER_URL_ENV
 from stagelens.reference.vllm_server import VllmServer
 
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
+from tests._stores import postgres_bin, running_postgres, running_redis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO_ROOT / ".cache" / "test-artifacts"
@@ -122,3 +124,35 @@ def anyio_backend() -> str:
 def port_factory() -> object:
     """``free_port()`` for fixtures and tests (conftest functions are not importable)."""
     return free_port
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ledger_in_a_temp_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Gateways built by the tests keep their usage ledger in a file of this session (never
+    the user's default one), unless a test names another."""
+    path = tmp_path_factory.mktemp("ledger") / "ledger.sqlite3"
+    before = os.environ.get(LEDGER_URL_ENV)
+    os.environ[LEDGER_URL_ENV] = f"sqlite://{path}"
+    yield
+    if before is None:
+        os.environ.pop(LEDGER_URL_ENV, None)
+    else:
+        os.environ[LEDGER_URL_ENV] = before
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """URL of a real throwaway PostgreSQL (Debian's ``postgresql``), started once."""
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL is not installed (bash scripts/setup.sh installs it as root)")
+    with running_postgres() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """URL of a real throwaway redis-server (Debian's ``redis-server``), started once."""
+    if not Path("/usr/bin/redis-server").exists():
+        pytest.skip("redis-server is not installed (bash scripts/setup.sh installs it as root)")
+    with running_redis() as url:
+        yield url

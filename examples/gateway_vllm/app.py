@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import httpx
@@ -23,15 +22,17 @@ from stagelens.instrumentation import Telemetry, default_telemetry
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
 from stagelens.reference.flow import REQUEST_KEY, TENANT_KEY, complete, embed
+from stagelens.reference.ledger import TenantUsage, open_ledger, resolve_url
 from stagelens.reference.pipeline import Pool, Router, SafetyCheck, blocklist_classifier
-from stagelens.reference.policy import ApiKeyAuth, TokenBucketLimiter
+from stagelens.reference.policy import ApiKeyAuth
+from stagelens.reference.ratelimit import RedisTokenBucket, rate_limiter
 from stagelens.reference.schema import ChatRequest, CompletionRequest, EmbeddingRequest, parse
 from stagelens.reference.tokens import TokenCounter
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 import stagelens
-from stagelens import PriceTable, Rejected, record_usage
+from stagelens import PriceTable, Rejected, record_usage, semconv
 
 _BODIES: dict[str, type[Any]] = {
     "/v1/chat/completions": ChatRequest,
@@ -42,17 +43,6 @@ _BODIES: dict[str, type[Any]] = {
 
 PUBLIC_PATHS = ("/health",)
 """Paths served without an API key (``/health`` tells only up or down)."""
-
-
-@dataclass
-class TenantUsage:
-    """What one tenant used, for ``GET /v1/usage``."""
-
-    requests: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_input_tokens: int = 0
-    cost_usd: float = 0.0
 
 
 class Gateway:
@@ -73,7 +63,9 @@ class Gateway:
         self.router = Router(pools)
         self.health = HealthChecker(self.backends, config.health_interval_seconds)
         self.safety = safety or blocklist_classifier(config.blocked_terms)
-        self.usage: dict[str, TenantUsage] = defaultdict(TenantUsage)
+        # In a database: shared by every worker and replica, kept across restarts.
+        self.ledger = open_ledger(resolve_url(config.ledger_url))
+        self.telemetry: Telemetry | None = None  # set by create_app
         self.started = int(time.time())
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.upstream_timeout_seconds, connect=5.0),
@@ -129,18 +121,21 @@ class Gateway:
             any(b.healthy for b in pool.balancer.backends) for pool in self.router.pools.values()
         )
 
-    def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
-        """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger."""
+    async def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
+        """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger,
+        returning once the ledger has committed it. A ledger that cannot be written does
+        not fail the request: the failure is counted
+        (``stagelens_telemetry_errors_total{component="ledger"}``) and logged once."""
         record_usage(
             input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached
         )
         cost = stagelens.bill() or 0.0
-        ledger = self.usage[tenant]
-        ledger.requests += 1
-        ledger.input_tokens += input_tokens
-        ledger.output_tokens += output_tokens
-        ledger.cached_input_tokens += cached
-        ledger.cost_usd += cost
+        usage = TenantUsage(1, input_tokens, output_tokens, cached, cost)
+        try:
+            await self.ledger.add(tenant, usage)
+        except Exception as exc:
+            if self.telemetry is not None:
+                self.telemetry.report_error(semconv.COMPONENT_LEDGER, exc)
 
 
 def _error(rejection: Rejected) -> JSONResponse:
@@ -195,14 +190,25 @@ def create_app(
     gateway = Gateway(config, safety)
     prices = PriceTable.load(config.price_table) if config.price_table is not None else None
     telemetry = _serving(telemetry, config, prices)
+    gateway.telemetry = telemetry
+    limiter = rate_limiter(
+        config.redis_url,
+        config.rate_limit_per_second,
+        config.rate_limit_burst,
+        lambda exc: telemetry.report_error(semconv.COMPONENT_RATE_LIMITER, exc),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await gateway.ledger.open()  # an unreachable database fails the start, not a request
         await gateway.health.check_once(gateway.client)
         gateway.health.start()
         yield
         await gateway.health.stop()
         await gateway.client.aclose()
+        await gateway.ledger.close()  # after the last request: its usage is committed
+        if isinstance(limiter, RedisTokenBucket):
+            await limiter.aclose()
 
     app = FastAPI(title="stagelens reference gateway", lifespan=lifespan)
     app.state.gateway = gateway
@@ -244,7 +250,14 @@ def create_app(
     @app.get("/v1/usage")
     async def usage(request: Request) -> Response:
         tenant = request.scope.get(TENANT_KEY)
-        return JSONResponse({"tenant": tenant, **asdict(gateway.usage[str(tenant)])})
+        try:
+            totals = await gateway.ledger.get(str(tenant))
+        except Exception as exc:
+            telemetry.report_error(semconv.COMPONENT_LEDGER, exc)
+            raise Rejected(
+                503, "The usage ledger is unavailable.", type="server_error", code="ledger_error"
+            ) from exc
+        return JSONResponse({"tenant": tenant, **asdict(totals)})
 
     @app.get("/health")
     async def health() -> Response:
@@ -252,7 +265,6 @@ def create_app(
         return JSONResponse({"status": "up" if up else "down"}, status_code=200 if up else 503)
 
     auth = ApiKeyAuth(config.api_keys, public_paths=PUBLIC_PATHS)
-    limiter = TokenBucketLimiter(config.rate_limit_per_second, config.rate_limit_burst)
     stagelens.instrument_app(
         app,
         telemetry=telemetry,

@@ -79,6 +79,13 @@ class GatewayConfig(BaseModel):
     """Where the internal ``/metrics`` server listens (never the public API's port)."""
     metrics_port: int = Field(default=9464, gt=0, le=65535)
     """Port of the internal ``/metrics`` server."""
+    ledger_url: str | None = None
+    """Usage ledger: ``sqlite:///ABSOLUTE/PATH`` (one machine, every worker) or
+    ``postgresql://...`` (several replicas). None: ``$STAGELENS_LEDGER_URL``, else a SQLite
+    file under ``$XDG_STATE_HOME/stagelens``. See ``stagelens.reference.ledger``."""
+    redis_url: str | None = None
+    """Rate-limit buckets shared in Redis (``redis://host:6379/0``). None:
+    ``$STAGELENS_REDIS_URL``, else per-process buckets. See ``stagelens.reference.ratelimit``."""
 
     @classmethod
     def load(cls, path: str | Path) -> GatewayConfig:

@@ -3,21 +3,26 @@
 Steps, each with progress: generate (or reuse) the tiny model, start real vLLM backend(s)
 on consecutive ports from ``--vllm-port`` (tool calls on) and one embedding (pooling)
 server after them, start the instrumented gateway on ``--port`` (127.0.0.1 unless
-``--host``) and its ``/metrics`` on an internal port of its own (``--metrics-port``), send
-a short traffic run and print the per-stage table, then keep the stack up, print the URLs,
-and stop everything it started on Ctrl-C / SIGTERM.
+``--host``; in this process, or with ``--workers N`` as N worker processes of
+``stagelens.reference.serve``) and its ``/metrics`` on an internal port of its own
+(``--metrics-port``), send a short traffic run and print the per-stage table, then keep the
+stack up, print the URLs, and stop everything it started on Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +92,13 @@ def add_parser(subparsers: Any) -> None:
         help="port of the demo's OTLP/HTTP trace receiver (default 4318 when no "
         "OTEL_EXPORTER_OTLP_ENDPOINT is set, else a free one)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gateway worker processes (default 1); with more, their metrics are added up "
+        "through a Prometheus multiprocess directory the demo sets up",
+    )
     parser.add_argument("--no-traffic", action="store_true", help="skip the traffic run")
     parser.add_argument("--requests", type=int, default=48, help="requests in the traffic run")
     parser.add_argument(
@@ -130,11 +142,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
-    from stagelens.reference import GatewayConfig, create_app, demo_config, metrics_app
+    from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
     from stagelens.reference.vllm_server import VllmServer, running
-
-    from stagelens import configure
 
     model, parser = args.model, args.tool_call_parser
     if model is None:
@@ -188,42 +198,101 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     with running([*servers, *embedders], timeout=900, progress=_progress("waiting for vLLM")):
         print()
         traces = _start_traces(args)
-        telemetry = configure(span_exporters=traces.exporters)
-        app = create_app(config, telemetry=telemetry)
-        started = []
         try:
-            started.append(_serve(app, args.host, args.port, "gateway"))
-            started.append(
-                _serve(metrics_app(app), config.metrics_host, config.metrics_port, "metrics")
-            )
-            gateway = f"http://{args.host}:{args.port}"
-            metrics = f"http://{config.metrics_host}:{config.metrics_port}/metrics"
-            _say(f"gateway up on {gateway}; its metrics on {metrics} (internal port)")
-            slowest: str | None = None
-            if not args.no_traffic:
-                _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
-                asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
-                from stagelens.report import fetch, render_table
-
-                print()
-                print(render_table(fetch(metrics)))
-                print()
-                slowest = traces.print_slowest(telemetry, args.requests)
-                print()
-            _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
-            _print_trace_urls(traces, slowest, metrics)
-            if not args.exit_after_traffic:
-                _say("stack is up; Ctrl-C stops everything")
-                while not stopping.is_set():
-                    stopping.wait(0.5)
+            with _gateway(args, config, logs, traces) as served:
+                try:
+                    _show(args, served, traces, api_key, backends, embedders, stopping)
+                finally:
+                    _say("stopping")
         finally:
-            _say("stopping")
-            for server, thread in started:
-                server.should_exit = True
-                thread.join(timeout=10)
-            telemetry.shutdown()
             traces.stop()
     return 0
+
+
+@dataclass(frozen=True)
+class _Served:
+    """The running gateway: its URL, its metrics' URL, and its Telemetry when it runs in
+    this process (None: in worker processes, which export their spans themselves)."""
+
+    url: str
+    metrics: str
+    telemetry: Any
+
+
+@contextlib.contextmanager
+def _gateway(args: argparse.Namespace, config: Any, logs: Path, traces: Any) -> Iterator[_Served]:
+    """The gateway on ``args.host:args.port`` and its metrics on the internal port, stopped
+    on exit. One worker: uvicorn servers on threads of the demo. Several:
+    ``stagelens.reference.serve`` as a child process (uvicorn workers; it sets up and
+    empties the Prometheus multiprocess directory and serves the workers' metrics added
+    up), the config handed over in a file, each worker sending a copy of its spans to the
+    demo's receiver."""
+    if args.workers > 1:
+        from stagelens.reference.serve import TRACES_COPY_ENV, GatewayProcess, write_config
+
+        with tempfile.TemporaryDirectory(prefix="stagelens-demo-") as tmp:
+            process = GatewayProcess(
+                write_config(config, Path(tmp) / "gateway.yaml"),
+                args.port,
+                workers=args.workers,
+                host=args.host,
+                env={TRACES_COPY_ENV: traces.receiver.traces_endpoint},
+                log_path=logs / f"gateway-{args.port}.log",
+            )
+            _say(f"starting the gateway with {args.workers} workers (log in {process.log_path})")
+            with process:
+                yield _Served(process.url, process.metrics_url, None)
+        return
+    from stagelens.reference import create_app, metrics_app
+
+    from stagelens import configure
+
+    telemetry = configure(span_exporters=traces.exporters)
+    app = create_app(config, telemetry=telemetry)
+    started = []
+    try:
+        started.append(_serve(app, args.host, args.port, "gateway"))
+        started.append(
+            _serve(metrics_app(app), config.metrics_host, config.metrics_port, "metrics")
+        )
+        metrics = f"http://{config.metrics_host}:{config.metrics_port}/metrics"
+        yield _Served(f"http://{args.host}:{args.port}", metrics, telemetry)
+    finally:
+        for server, thread in started:
+            server.should_exit = True
+            thread.join(timeout=10)
+        telemetry.shutdown()
+
+
+def _show(
+    args: argparse.Namespace,
+    served: _Served,
+    traces: Any,
+    api_key: str,
+    backends: list[str],
+    embedders: list[Any],
+    stopping: threading.Event,
+) -> None:
+    """The traffic run, its table and slowest trace, the URLs; then wait for Ctrl-C."""
+    gateway, metrics = served.url, served.metrics
+    _say(f"gateway up on {gateway}; its metrics on {metrics} (internal port)")
+    slowest: str | None = None
+    if not args.no_traffic:
+        _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
+        asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
+        from stagelens.report import fetch, render_table
+
+        print()
+        print(render_table(fetch(metrics)))
+        print()
+        slowest = traces.print_slowest(served.telemetry, args.requests)
+        print()
+    _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
+    _print_trace_urls(traces, slowest, metrics)
+    if not args.exit_after_traffic:
+        _say("stack is up; Ctrl-C stops everything")
+        while not stopping.is_set():
+            stopping.wait(0.5)
 
 
 def _start_traces(args: argparse.Namespace) -> Any:

@@ -64,6 +64,15 @@ def _env_exporters(endpoint: str | None) -> list[SpanExporter]:
     return [ConsoleSpanExporter()] if "console" in (n.strip() for n in names) else []
 
 
+def span_exporters_with_copy(local: str, endpoint: str | None) -> list[SpanExporter]:
+    """What ``configure()`` would export to (``endpoint``: :func:`configured_endpoint`), and
+    a copy of every span to the receiver at ``local`` (its OTLP/HTTP traces endpoint). Also
+    built by each gateway worker of ``stagelens demo --workers N``
+    (``stagelens.reference.serve``)."""
+    copy = OTLPSpanExporter(endpoint=local, timeout=5, compression=Compression.NoCompression)
+    return [*_env_exporters(endpoint), copy]
+
+
 class DemoTraces:
     """The receiver, the exporters to pass to ``configure()``, and what to print."""
 
@@ -71,10 +80,9 @@ class DemoTraces:
         self.receiver = receiver
         self.endpoint = endpoint
         self.port_busy = port_busy
-        local = OTLPSpanExporter(
-            endpoint=receiver.traces_endpoint, timeout=5, compression=Compression.NoCompression
+        self.exporters: list[SpanExporter] = span_exporters_with_copy(
+            receiver.traces_endpoint, endpoint
         )
-        self.exporters: list[SpanExporter] = [*_env_exporters(endpoint), local]
 
     @classmethod
     def start(cls, port: int | None = None, host: str = "127.0.0.1") -> DemoTraces:
@@ -105,12 +113,15 @@ class DemoTraces:
             return f"traces: no OTLP endpoint configured, so spans go to {local}{busy}"
         return f"traces: spans go to {self.endpoint} (OTEL_EXPORTER_OTLP_*) and to {local}"
 
-    def wait_for(self, telemetry: Telemetry, roots: int, timeout: float = 5.0) -> None:
+    def wait_for(self, telemetry: Telemetry | None, roots: int, timeout: float = 5.0) -> None:
         """Flush until ``roots`` traces have their root span here, or ``timeout``: a root
-        ends just after the last byte reached the client, so a client can be done first."""
+        ends just after the last byte reached the client, so a client can be done first.
+        ``telemetry`` None: the spans come from other processes (the gateway's workers),
+        which export on their own schedule (every second)."""
         deadline = time.monotonic() + timeout
         while True:
-            telemetry.force_flush(int(timeout * 1000))
+            if telemetry is not None:
+                telemetry.force_flush(int(timeout * 1000))
             if self.receiver.store.roots() >= roots or time.monotonic() > deadline:
                 return
             time.sleep(0.05)
@@ -125,7 +136,7 @@ class DemoTraces:
         return []
 
     def print_slowest(
-        self, telemetry: Telemetry, requests: int, out: Callable[[str], None] = print
+        self, telemetry: Telemetry | None, requests: int, out: Callable[[str], None] = print
     ) -> str | None:
         """After a traffic run of ``requests``: print the slowest request's waterfall and
         how to see any other; returns its trace id (None when no trace arrived)."""

@@ -235,7 +235,7 @@ async def embed(gateway: Gateway, request: Request) -> Response:
             usage = _usage_of(content)
             input_tokens = int(usage.get("prompt_tokens", prompt_tokens))
             inference.span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens)
-        gateway.bill(tenant, input_tokens, 0, 0)
+        await gateway.bill(tenant, input_tokens, 0, 0)
         return Response(content, media_type="application/json")
     finally:
         lease.release()

@@ -62,7 +62,11 @@ class ApiKeyAuth:
 
 
 class TokenBucketLimiter:
-    """Per-key token bucket: ``rate`` requests/second refill, ``burst`` capacity."""
+    """Per-key token bucket: ``rate`` requests/second refill, ``burst`` capacity.
+
+    In process memory: each worker process has buckets of its own, so N workers admit up
+    to N times the rate. Several workers or replicas share one bucket per key through
+    Redis (:mod:`stagelens.reference.ratelimit`)."""
 
     def __init__(self, rate: float, burst: int) -> None:
         self.rate = rate
@@ -88,10 +92,15 @@ class TokenBucketLimiter:
             return
         wait = self.take(key)
         if wait > 0:
-            raise Rejected(
-                429,
-                f"Rate limit exceeded: {self.rate:g} requests/s per key. Retry after {wait:.2f}s.",
-                type="rate_limit_error",
-                code="rate_limit_exceeded",
-                headers={"retry-after": str(max(1, math.ceil(wait)))},
-            )
+            raise rate_limited(self.rate, wait)
+
+
+def rate_limited(rate: float, wait: float) -> Rejected:
+    """The 429 for a key whose bucket is empty, ``Retry-After`` in whole seconds."""
+    return Rejected(
+        429,
+        f"Rate limit exceeded: {rate:g} requests/s per key. Retry after {wait:.2f}s.",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        headers={"retry-after": str(max(1, math.ceil(wait)))},
+    )

@@ -96,7 +96,7 @@ async def finish_json(
             payload["metrics"] = None  # vLLM answers without --enable-per-request-metrics
     usage = payload.get("usage") or {}
     details = usage.get("prompt_tokens_details") or {}
-    gateway.bill(
+    await gateway.bill(  # committed to the ledger before the answer is sent
         tenant,
         int(usage.get("prompt_tokens", prompt_tokens)),
         int(usage.get("completion_tokens", 0)),
@@ -252,10 +252,12 @@ async def relay(
     sequences and the safety check per choice, usage and token ids stripped unless asked
     for; a backend dying mid-stream ends the client's stream with an error event; every
     choice ended by the gateway, or the client going away, closes the upstream connection,
-    which aborts the generation; billing always runs with what was generated. The work on
-    the events is timed as the postprocess stage, not as inference."""
+    which aborts the generation; billing always runs with what was generated, committed to
+    the ledger before the client gets vLLM's usage (or, without it, the stream's end). The
+    work on the events is timed as the postprocess stage, not as inference."""
     state = _Relay(gateway, req, strip, chat)
     perf_counter = time.perf_counter
+    billed = False
     upstream_done = False  # [DONE] seen: read on to the end so the connection is reused
     buffer = b""
     try:
@@ -275,6 +277,12 @@ async def relay(
                     t0 = perf_counter()
                     out = state.event(data)
                     state.work += perf_counter() - t0
+                    if state.usage is not None and not billed:
+                        # vLLM's usage arrived: commit it before the client reads it (or,
+                        # without a usage event, the final content event held for it).
+                        billed = True
+                        with anyio.CancelScope(shield=True):
+                            await _bill_stream(gateway, req, tenant, prompt_tokens, state)
                     if out is not None:
                         yield out
                     if state.choices.all_ended:
@@ -315,11 +323,13 @@ async def relay(
         yield b"data: [DONE]\n\n"
     finally:
         # Shielded: when the client goes away this runs inside a cancelled scope, and the
-        # close must still reach the engine (closing the connection aborts the generation).
+        # close must still reach the engine (closing the connection aborts the generation),
+        # and a stream cut before vLLM's usage must still reach the ledger.
         with anyio.CancelScope(shield=True):
             await upstream.aclose()
-        lease.release()
-        _bill_stream(gateway, req, tenant, prompt_tokens, state)
+            lease.release()
+            if not billed:
+                await _bill_stream(gateway, req, tenant, prompt_tokens, state)
 
 
 def _reject_inference() -> None:
@@ -334,7 +344,7 @@ def _add_postprocess(seconds: float) -> None:
         request.add_stage_time(Stage.POSTPROCESS, seconds)
 
 
-def _bill_stream(
+async def _bill_stream(
     gateway: Gateway, req: Any, tenant: str, prompt_tokens: int, state: _Relay
 ) -> None:
     """Bill a stream: vLLM's usage; cut short before it, the token ids vLLM listed in the
@@ -345,7 +355,7 @@ def _bill_stream(
     usage = state.usage
     if usage is not None:
         details = usage.get("prompt_tokens_details") or {}
-        gateway.bill(
+        await gateway.bill(
             tenant,
             int(usage.get("prompt_tokens", prompt_tokens)),
             int(usage.get("completion_tokens", 0)),
@@ -360,4 +370,4 @@ def _bill_stream(
         generated = "".join(state.pieces)
         output = counter.count_generated(generated) if counter and generated else 0
     prompt = counted.prompt if counted.prompt is not None else prompt_tokens
-    gateway.bill(tenant, prompt, output, 0)
+    await gateway.bill(tenant, prompt, output, 0)

@@ -187,10 +187,38 @@ class TestWiring:
         assert set(DEFAULT_FLAGS) <= set(container["args"])
 
     def test_urls_are_secrets(self) -> None:
-        """The database and Redis URLs reach the gateway from the Secret, never as plain env."""
+        """The ledger and Redis URLs reach the gateway from the Secret, under the names the
+        reference gateway reads, never as plain env."""
+        from stagelens.reference.ledger import LEDGER_URL_ENV
+        from stagelens.reference.ratelimit import REDIS_URL_ENV
+
         (deployment,) = [d for d in _docs("stack.yaml") if d["kind"] == "Deployment"]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e for e in container["env"]}
-        for name in ("STAGELENS_DATABASE_URL", "STAGELENS_REDIS_URL"):
+        for name in (LEDGER_URL_ENV, REDIS_URL_ENV):
             assert "value" not in env[name]
             assert env[name]["valueFrom"]["secretKeyRef"]["name"] == GATEWAY
+
+    def test_gateway_command_and_metrics_port(self) -> None:
+        """The gateway container runs the reference server with arguments its parser accepts,
+        serves metrics on a port of its own, and the ServiceMonitor scrapes that port (the
+        public port answers 404 on /metrics)."""
+        from stagelens.reference.serve import build_parser
+
+        (deployment,) = [d for d in _docs("stack.yaml") if d["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[:3] == ["python", "-m", "stagelens.reference.serve"]
+        args = build_parser().parse_args(command[3:])
+        assert str(args.config) == "/etc/stagelens/gateway.yaml"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert args.metrics_port == ports["metrics"] != ports["http"] == args.port
+        assert args.host == args.metrics_host == "0.0.0.0"
+        (service,) = [
+            d
+            for d in _docs("stack.yaml")
+            if d["kind"] == "Service" and d["metadata"]["name"] == GATEWAY
+        ]
+        assert {p["targetPort"] for p in service["spec"]["ports"]} == {"http", "metrics"}
+        (monitor,) = [d for d in _docs("monitors.yaml") if d["kind"] == "ServiceMonitor"]
+        assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]

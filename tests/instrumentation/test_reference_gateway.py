@@ -299,6 +299,95 @@ class TestChoices:
         assert answer == {0: ("a ", "stop"), 1: ("b Xw", "length")}
 
 
+class _CommitLog:
+    """The gateway's real ledger, noting each commit in ``log`` once it returned."""
+
+    def __init__(self, inner: Any, log: list[tuple[str, Any]]) -> None:
+        self.inner = inner
+        self.log = log
+
+    async def add(self, tenant: str, usage: Any) -> None:
+        await self.inner.add(tenant, usage)
+        self.log.append(("commit", usage.output_tokens))
+
+    async def get(self, tenant: str) -> Any:
+        return await self.inner.get(tenant)
+
+
+def _noting_sends(app: Any, log: list[tuple[str, Any]]) -> Any:
+    """``app``, noting in ``log`` each response body chunk as the client is sent it."""
+
+    async def noting(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                log.append(("body", message["body"]))
+            await send(message)
+
+        await app(scope, receive, sending)
+
+    return noting
+
+
+SCRIPT = [[0, "a", None], [0, "b", "stop"]]
+"""Two events; the scripted upstream's usage says 6 output tokens."""
+
+
+class TestLedger:
+    """Billing reaches the usage ledger before the client sees the usage; a ledger that
+    fails does not fail the request."""
+
+    @pytest.mark.parametrize(
+        ("extra", "marker"),
+        [
+            ({"stream": True, "stream_options": {"include_usage": True}}, b'"usage":{'),
+            ({"stream": True}, b'"finish_reason":"stop"'),
+            ({}, b'"usage":{'),
+        ],
+        ids=["stream-with-usage", "stream", "whole"],
+    )
+    async def test_usage_is_committed_before_the_client_is_sent_it(
+        self, gateway, scripted, extra, marker
+    ) -> None:
+        """The commit comes before the chunk with the usage (a stream whose client asked
+        for it, or a whole answer), or before the final event (a stream without it)."""
+        log: list[tuple[str, Any]] = []
+        async with gateway([scripted]) as (app, _):
+            app.state.gateway.ledger = _CommitLog(app.state.gateway.ledger, log)
+            client = httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=_noting_sends(app, log)),
+                base_url="http://gw",
+                headers=HEADERS,
+            )
+            r = await client.post("/v1/chat/completions", json=_chat(x_events=SCRIPT, **extra))
+        assert r.status_code == 200
+        sent = next(i for i, (kind, x) in enumerate(log) if kind == "body" and marker in x)
+        assert log.index(("commit", 6)) < sent, log
+
+    async def test_an_unwritable_ledger_serves_requests_and_counts_the_failure(
+        self, cap, gateway, scripted, tmp_path
+    ) -> None:
+        """A ledger file that cannot be created: answers byte for byte what a working
+        ledger gives, tokens still counted, each failed commit counted under
+        ``component="ledger"``; ``GET /v1/usage`` answers 503 ``ledger_error``."""
+        blocker = tmp_path / "a-file"
+        blocker.write_text("")
+        bodies = [_chat(x_events=SCRIPT), _chat(x_events=SCRIPT, stream=True)]
+        async with gateway([scripted]) as (_, client):
+            working = [await client.post("/v1/chat/completions", json=b) for b in bodies]
+        async with gateway([scripted], ledger_url=f"sqlite://{blocker}/ledger.sqlite3") as (
+            _,
+            client,
+        ):
+            broken = [await client.post("/v1/chat/completions", json=b) for b in bodies]
+            usage = await client.get("/v1/usage")
+        assert [r.status_code for r in broken] == [200, 200]
+        assert [r.content for r in broken] == [r.content for r in working]
+        assert usage.status_code == 503
+        assert usage.json()["error"]["code"] == "ledger_error"
+        assert cap.value(sc.TELEMETRY_ERRORS, component="ledger") == 3
+        assert cap.value(sc.TOKENS, type="output", model="tiny", tenant="unit") == 4 * 6
+
+
 class TestStages:
     """What the gateway times as which stage."""
 
