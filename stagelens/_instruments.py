@@ -316,14 +316,11 @@ class Instruments:
         with self._fold_lock:
             batch = [pending.popleft() for _ in range(len(pending))]
             failed: list[Exception] = []
-            applied = batch
             try:
-                observed, added = self._collect(batch)
+                observed, added, kept = self._collect(batch)
                 _check(observed)
             except Exception:
-                applied = []
-                observed, added = self._collect_each(batch, failed, applied)
-            kept = self._exemplars(applied, failed)
+                observed, added, kept = self._collect_each(batch, failed)
             # Each series written on its own: one failing write loses only its series.
             writes: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
                 (histogram.observe_many, (values, kept.get(histogram)))
@@ -338,23 +335,39 @@ class Instruments:
             if failed:
                 self._failed(len(failed), failed[0])
 
-    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added]:
-        """The observations and increments of ``batch``, per bound series."""
+    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
+        """The observations and increments of ``batch``, per bound series, and the exemplar
+        candidates of its sampled requests (their TTFT, request duration and stage times,
+        in the order the requests ended; none in multiprocess mode, whose files keep none).
+        Gathered in the same pass: a sampled-out record costs one test."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
         for_model = self.for_model
-        for model, code, duration, ttft, gaps, stages, phases, rejected_by, billed, _ in batch:
+        keep = self._keep_exemplars
+        for model, code, duration, ttft, gaps, stages, phases, rejected_by, billed, ref in batch:
             series = for_model(model)
             request_duration, requests = series.outcome(code)
             observed[request_duration].append(duration)
             added[requests] += 1
-            if ttft is not None:
-                observed[series.ttft()].append(ttft)
+            stage = series.stage
+            if ref is None or not keep:
+                if ttft is not None:
+                    observed[series.ttft()].append(ttft)
+                for name, seconds in stages:
+                    observed[stage(name)].append(seconds)
+            else:
+                kept[request_duration].append((duration, ref))
+                if ttft is not None:
+                    ttft_series = series.ttft()
+                    observed[ttft_series].append(ttft)
+                    kept[ttft_series].append((ttft, ref))
+                for name, seconds in stages:
+                    stage_series = stage(name)
+                    observed[stage_series].append(seconds)
+                    kept[stage_series].append((seconds, ref))
             if gaps:
                 observed[series.itl()] += gaps
-            stage = series.stage
-            for name, seconds in stages:
-                observed[stage(name)].append(seconds)
             if phases:
                 phase = series.phase
                 for name, seconds in phases:
@@ -368,61 +381,31 @@ class Instruments:
                 added[billing.output] += output_tokens
                 added[billing.cached_input] += cached_tokens
                 added[billing.cost] += cost
-        return observed, added
+        return observed, added, kept
 
     def _collect_each(
-        self, batch: list[RequestRecord], failed: list[Exception], applied: list[RequestRecord]
-    ) -> tuple[_Observed, _Added]:
+        self, batch: list[RequestRecord], failed: list[Exception]
+    ) -> tuple[_Observed, _Added, _Exemplars]:
         """``_collect`` record by record, leaving out (and listing in ``failed``) each
-        record whose collection fails or holds a value that is not a number; the others
-        are listed in ``applied``."""
+        record whose collection fails or holds a value that is not a number: a record left
+        out names no trace either."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
         for record in batch:
             try:
-                mine, counts = self._collect([record])
+                mine, counts, candidates = self._collect([record])
                 _check(mine)
             except Exception as exc:
                 failed.append(exc)
                 continue
-            applied.append(record)
             for histogram, values in mine.items():
                 observed[histogram] += values
             for counter, amount in counts.items():
                 added[counter] += amount
-        return observed, added
-
-    def _exemplars(
-        self, batch: list[RequestRecord], failed: list[Exception]
-    ) -> dict[FastHistogram, Candidates]:
-        """The exemplar candidates of the sampled requests in ``batch`` (every record of
-        which was collected): their TTFT, request duration and stage times, per histogram,
-        in the order the requests ended. A sampled-out record costs one attribute read;
-        none are gathered in multiprocess mode. Never raises (a failure is listed)."""
-        if not self._keep_exemplars:
-            return {}
-        try:
-            return self._candidates(batch)
-        except Exception as exc:  # every series it binds was bound: not expected
-            failed.append(exc)
-            return {}
-
-    def _candidates(self, batch: list[RequestRecord]) -> _Exemplars:
-        """See ``_exemplars``."""
-        kept: _Exemplars = defaultdict(list)
-        for_model = self.for_model
-        for record in batch:
-            ref = record.exemplar
-            if ref is None:
-                continue
-            series = for_model(record.model)  # bound by the collection: no new series
-            kept[series.outcome(record.code)[0]].append((record.duration, ref))
-            if record.ttft is not None:
-                kept[series.ttft()].append((record.ttft, ref))
-            stage = series.stage
-            for name, seconds in record.stages:
-                kept[stage(name)].append((seconds, ref))
-        return kept
+            for histogram, pairs in candidates.items():
+                kept[histogram] += pairs
+        return observed, added, kept
 
     def _failed(self, failures: int, exc: Exception) -> None:
         """Count ``failures`` and log the first ever (its type and message: no record
