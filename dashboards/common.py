@@ -24,9 +24,12 @@ from stagelens import semconv as sc
 from stagelens.slo import SloConfig
 
 TAGS: Final = ["stagelens", "llm"]
-LATENCY_EXEMPLARS: Final = False
-"""Ask for exemplars on the latency panels. Off until the histograms carry exemplars (the
-exemplar issue); switching it on changes only the generated JSON."""
+LATENCY_EXEMPLARS: Final = True
+"""Ask for exemplars on the panels of the histograms that carry them: time to first token,
+request duration and stage duration (the latest sampled request per bucket, its trace id
+linked to the tracing data source by ``exemplarTraceIdDestinations``). The inter-token and
+upstream-first-token histograms carry none: their panels do not ask. Off, the generated
+JSON asks for none."""
 
 WHERE: Final = 'cluster=~"$cluster", namespace=~"$namespace"'
 """Every stagelens and vLLM series: the environment chosen in the variables."""

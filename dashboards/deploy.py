@@ -17,6 +17,7 @@ import yaml
 from stagelens.dashboards.build import DASHBOARDS, dump_json, to_dict
 from stagelens.dashboards.k8s import monitors, stack
 
+from stagelens import semconv as sc
 from stagelens.alert_rules import BlockDumper, render_alerts
 from stagelens.recording_rules import render_rules
 from stagelens.slo import SloConfig, load_slo_config
@@ -56,8 +57,19 @@ def dashboard_config_maps(cfg: SloConfig) -> list[dict[str, Any]]:
     ]
 
 
+TRACING_DATASOURCE_UID: Final = "tempo"
+"""The tracing data source an exemplar's trace id opens in (Grafana's Tempo, which takes
+OTLP; a Jaeger data source works the same way under another uid)."""
+
+
 def grafana_provisioning() -> dict[str, dict[str, Any]]:
-    """Grafana file-provisioning: a Prometheus datasource and the dashboards folder."""
+    """Grafana file-provisioning: a Prometheus data source whose exemplars' ``trace_id``
+    links to the Tempo data source beside it, and the dashboards folder.
+
+    Why the link lives on the data source: a latency panel asks Prometheus for exemplars,
+    and Grafana turns an exemplar label into a link only where the Prometheus data source
+    names it in ``exemplarTraceIdDestinations``; without it the dots show a bare hex id.
+    """
     return {
         "datasources/stagelens.yaml": {
             "apiVersion": 1,
@@ -69,7 +81,22 @@ def grafana_provisioning() -> dict[str, dict[str, Any]]:
                     "access": "proxy",
                     "url": "http://localhost:9090",
                     "isDefault": True,
-                }
+                    "jsonData": {
+                        "exemplarTraceIdDestinations": [
+                            {
+                                "name": sc.EXEMPLAR_TRACE_ID,
+                                "datasourceUid": TRACING_DATASOURCE_UID,
+                            }
+                        ]
+                    },
+                },
+                {
+                    "name": "Tempo",
+                    "type": "tempo",
+                    "uid": TRACING_DATASOURCE_UID,
+                    "access": "proxy",
+                    "url": "http://localhost:3200",
+                },
             ],
         },
         "dashboards/stagelens.yaml": {

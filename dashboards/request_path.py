@@ -165,7 +165,6 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                     ),
                 ],
                 threshold_lines=((None, "green"), (inference_budget, "red")),
-                exemplars=LATENCY_EXEMPLARS,
                 description="The inference stage's budget (dashed) applies to its first upstream "
                 "token; decode grows with the answer's length and is no stage's to meet.",
             )
@@ -269,7 +268,6 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                     for q in (0.5, 0.95, 0.99)
                 ],
                 threshold_lines=itl_line,
-                exemplars=LATENCY_EXEMPLARS,
                 description=f"Gap between streamed tokens; SLO threshold on a request's mean gap "
                 f"{cfg.itl_threshold_seconds:g}s (dashed).",
             )
@@ -287,7 +285,6 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "ITL distribution",
                 "s",
                 f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{RATE}]))",
-                exemplars=LATENCY_EXEMPLARS,
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))

@@ -33,7 +33,7 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
-from stagelens._instruments import OutcomeRecord, PhaseTimes, RequestRecord
+from stagelens._instruments import ExemplarRef, OutcomeRecord, PhaseTimes, RequestRecord
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -378,6 +378,7 @@ class _RequestTracker:
                     billing=state.billing,
                     outcome=outcome,
                     genai=state.genai,
+                    exemplar=_sampled_trace(state.root_span) if state.recording else None,
                 )
             )
         except Exception as exc:
@@ -425,6 +426,16 @@ class _RequestTracker:
             if self._mw.response_hook is not None:
                 self._run_span_hook(self._mw.response_hook, root, "response_hook")
         root.end()
+
+
+def _sampled_trace(root: trace.Span) -> ExemplarRef | None:
+    """The request's trace, named by the exemplars of its observations, when the trace is
+    sampled (exported): a span recorded but not sampled (the SDK's ``RECORD_ONLY``) leads
+    nowhere, so it names none."""
+    ctx = root.get_span_context()
+    if ctx.trace_flags.sampled:
+        return ExemplarRef(ctx.trace_id, ctx.span_id, time.time())
+    return None
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, Receive]:

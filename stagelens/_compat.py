@@ -90,6 +90,23 @@ def histogram_storage(child: Any) -> HistogramStorage | None:
     return None
 
 
+def exemplar_storage(storage: HistogramStorage | None) -> list[Any] | None:
+    """The bucket values of ``storage`` when each can hold an exemplar (has
+    ``set_exemplar(Exemplar)``), or None when not as tested (then ``child.observe(value,
+    exemplar)`` is the public fallback: it counts the value and keeps its exemplar).
+
+    Private: the values' ``set_exemplar``, which ``Histogram.observe(amount, exemplar)``
+    calls on the bucket the amount falls in (unchanged since exemplars came, 0.10). In
+    multiprocess mode it exists and keeps nothing: the files hold no exemplars.
+    """
+    if storage is None:
+        return None
+    buckets = storage.buckets
+    if all(callable(getattr(b, "set_exemplar", None)) for b in buckets):
+        return buckets
+    return None
+
+
 def counter_storage(child: Any) -> Any | None:
     """The value of a counter child (has ``inc(amount)``), or None when it is not as
     tested (then ``child.inc()`` is the public fallback).

@@ -22,7 +22,15 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens._series import BillingSeries, ChildCache, FastCounter, FastHistogram, ModelSeries
+from stagelens._series import (
+    BillingSeries,
+    Candidates,
+    ChildCache,
+    ExemplarRef,
+    FastCounter,
+    FastHistogram,
+    ModelSeries,
+)
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -38,6 +46,7 @@ __all__ = [
     "FOLD_EVERY",
     "BillingRecord",
     "BillingSeries",
+    "ExemplarRef",
     "FastCounter",
     "FastHistogram",
     "Instruments",
@@ -108,6 +117,9 @@ class RequestRecord(NamedTuple):
     """SLI verdicts, upstream time to first token and metering gap."""
     genai: GenAICall | None = None
     """The upstream GenAI call, recorded only while a sink wants it (``add_sink``)."""
+    exemplar: ExemplarRef | None = None
+    """The request's trace when it was sampled: its TTFT, duration and stage times may
+    become exemplars. None for a sampled-out request, which never names a trace."""
 
 
 RequestSink = Callable[[list[RequestRecord]], None]
@@ -117,6 +129,8 @@ _Observed = defaultdict[FastHistogram, list[float]]
 """Values to observe, per bound histogram."""
 _Added = defaultdict[FastCounter, float]
 """Amounts to add, per bound counter."""
+_Exemplars = defaultdict[FastHistogram, Candidates]
+"""Exemplar candidates, per bound histogram."""
 
 
 def _check(observed: _Observed) -> None:
@@ -148,6 +162,8 @@ class Instruments:
         # process cannot precede: each record is applied at once there.
         self._fold_every = FOLD_EVERY if _compat.in_process_values() else 1
         self._fold_failed = False
+        # prometheus-client's multiprocess files hold no exemplars: none are gathered there.
+        self._keep_exemplars = _compat.in_process_values()
         r = registry
         # Registered before the series, so that a collection folds, then reads them.
         r.register(_FoldBeforeCollect(self))
@@ -365,18 +381,19 @@ class Instruments:
             batch = [pending.popleft() for _ in range(len(pending))]
             failed: list[Exception] = []
             try:
-                observed, added = self._collect(batch)
+                observed, added, kept = self._collect(batch)
                 _check(observed)
             except Exception:
-                observed, added = self._collect_each(batch, failed)
+                observed, added, kept = self._collect_each(batch, failed)
             # Each series written on its own: one failing write loses only its series.
-            writes: list[tuple[Callable[[Any], None], Any]] = [
-                (histogram.observe_many, values) for histogram, values in observed.items()
+            writes: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+                (histogram.observe_many, (values, kept.get(histogram)))
+                for histogram, values in observed.items()
             ]
-            writes += [(counter.inc, amount) for counter, amount in added.items()]
-            for write, argument in writes:
+            writes += [(counter.inc, (amount,)) for counter, amount in added.items()]
+            for write, arguments in writes:
                 try:
-                    write(argument)
+                    write(*arguments)
                 except Exception as exc:
                     failed.append(exc)
             for sink in self.sinks:
@@ -387,11 +404,16 @@ class Instruments:
             if failed:
                 self._failed(len(failed), failed[0])
 
-    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added]:
-        """The observations and increments of ``batch``, per bound series."""
+    def _collect(self, batch: list[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
+        """The observations and increments of ``batch``, per bound series, and the exemplar
+        candidates of its sampled requests (their TTFT, request duration and stage times,
+        in the order the requests ended; none in multiprocess mode, whose files keep none).
+        Gathered in the same pass: a sampled-out record costs one test."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
         for_model = self.for_model
+        keep = self._keep_exemplars
         for (
             model,
             code,
@@ -404,18 +426,30 @@ class Instruments:
             billed,
             outcome,
             _genai,
+            ref,
         ) in batch:
             series = for_model(model)
             request_duration, requests = series.outcome(code)
             observed[request_duration].append(duration)
             added[requests] += 1
-            if ttft is not None:
-                observed[series.ttft()].append(ttft)
+            stage = series.stage
+            if ref is None or not keep:
+                if ttft is not None:
+                    observed[series.ttft()].append(ttft)
+                for name, seconds in stages:
+                    observed[stage(name)].append(seconds)
+            else:
+                kept[request_duration].append((duration, ref))
+                if ttft is not None:
+                    ttft_series = series.ttft()
+                    observed[ttft_series].append(ttft)
+                    kept[ttft_series].append((ttft, ref))
+                for name, seconds in stages:
+                    stage_series = stage(name)
+                    observed[stage_series].append(seconds)
+                    kept[stage_series].append((seconds, ref))
             if gaps:
                 observed[series.itl()] += gaps
-            stage = series.stage
-            for name, seconds in stages:
-                observed[stage(name)].append(seconds)
             if phases:
                 phase = series.phase
                 for name, seconds in phases:
@@ -440,18 +474,20 @@ class Instruments:
                 added[billing.output] += output_tokens
                 added[billing.cached_input] += cached_tokens
                 added[billing.cost] += cost
-        return observed, added
+        return observed, added, kept
 
     def _collect_each(
         self, batch: list[RequestRecord], failed: list[Exception]
-    ) -> tuple[_Observed, _Added]:
+    ) -> tuple[_Observed, _Added, _Exemplars]:
         """``_collect`` record by record, leaving out (and listing in ``failed``) each
-        record whose collection fails or holds a value that is not a number."""
+        record whose collection fails or holds a value that is not a number: a record left
+        out names no trace either."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
         for record in batch:
             try:
-                mine, counts = self._collect([record])
+                mine, counts, candidates = self._collect([record])
                 _check(mine)
             except Exception as exc:
                 failed.append(exc)
@@ -460,20 +496,22 @@ class Instruments:
                 observed[histogram] += values
             for counter, amount in counts.items():
                 added[counter] += amount
-        return observed, added
+            for histogram, pairs in candidates.items():
+                kept[histogram] += pairs
+        return observed, added, kept
 
     def _failed(self, failures: int, exc: Exception) -> None:
-        """Count ``failures`` and log the first ever (its type and message: no record
-        carries content)."""
+        """Count ``failures`` and log the first ever, by its type only: a message may quote a
+        record's values (a model or tenant name a client sent), and logs carry no client
+        input (``stagelens._failures`` holds the same rule)."""
         with contextlib.suppress(Exception):  # the counter itself broken: still never raise
             self.telemetry_errors.get(sc.COMPONENT_METRICS).inc(failures)
         if not self._fold_failed:
             self._fold_failed = True
             logger.warning(
-                "stagelens: recording request metrics failed (%s: %s); further failures "
+                "stagelens: recording request metrics failed (%s); further failures "
                 "are only counted in %s{component=%r}",
                 type(exc).__name__,
-                exc,
                 sc.TELEMETRY_ERRORS,
                 sc.COMPONENT_METRICS,
             )

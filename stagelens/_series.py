@@ -5,7 +5,8 @@ what is here runs on every fold. ``ModelSeries`` and ``BillingSeries`` bind the 
 one label value once (no label tuple built, no lock taken afterwards); ``FastHistogram``
 and ``FastCounter`` write them through prometheus-client's value storage (see
 ``stagelens._compat``), falling back to its public ``observe``/``inc`` when that storage is
-not what was tested.
+not what was tested. ``FastHistogram`` also keeps exemplars (the latest sampled request
+per bucket) through the same storage.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from bisect import bisect_left
 from collections import Counter as Tally
 from functools import partial
 from math import isnan
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.samples import Exemplar
 
 from stagelens import _compat
 from stagelens import semconv as sc
@@ -26,6 +28,33 @@ if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
 _Child = Any  # prometheus_client label children are untyped in its public API
+
+
+class ExemplarRef(NamedTuple):
+    """The sampled trace of one finished request: what its observations' exemplars name.
+
+    Ids as integers and the time as read: the hex labels are formatted only for the few
+    observations that end up kept (the latest per bucket), never per request."""
+
+    trace_id: int
+    span_id: int
+    """The request's root span."""
+    timestamp: float
+    """When the request ended (``time.time()``), the exemplar's timestamp."""
+
+
+Candidates = list[tuple[float, ExemplarRef]]
+"""(value, the sampled request it came from) of one histogram, in the order the requests
+ended: each value is also among the values observed."""
+
+
+def exemplar_labels(ref: ExemplarRef) -> dict[str, str]:
+    """The exemplar's labels: ``trace_id`` and ``span_id`` in W3C hex (63 characters in
+    all, within OpenMetrics' limit of 128)."""
+    return {
+        sc.EXEMPLAR_TRACE_ID: f"{ref.trace_id:032x}",
+        sc.EXEMPLAR_SPAN_ID: f"{ref.span_id:016x}",
+    }
 
 
 class ChildCache:
@@ -60,7 +89,7 @@ class FastHistogram:
     tested.
     """
 
-    __slots__ = ("_bounds", "_buckets", "_child", "_index", "_sum")
+    __slots__ = ("_bounds", "_buckets", "_child", "_exemplars", "_index", "_sum")
 
     def __init__(self, child: _Child) -> None:
         self._child = child
@@ -69,6 +98,9 @@ class FastHistogram:
         self._buckets: list[Any] = storage.buckets if storage is not None else []
         self._sum: Any = storage.total if storage is not None else None
         self._index = partial(bisect_left, self._bounds or [])
+        self._exemplars = _compat.exemplar_storage(storage)
+        """The buckets' values, each holding its exemplar; None: ``observe(value,
+        exemplar)`` keeps them instead."""
 
     def observe(self, value: float) -> None:
         """Record one value (NaN is ignored: it lands in no bucket)."""
@@ -81,8 +113,13 @@ class FastHistogram:
         self._buckets[bisect_left(bounds, value)].inc(1)
         self._sum.inc(value)
 
-    def observe_many(self, values: list[float]) -> None:
-        """Record ``values`` at once: one increment per touched bucket."""
+    def observe_many(self, values: list[float], exemplars: Candidates | None = None) -> None:
+        """Record ``values`` at once: one increment per touched bucket. ``exemplars`` (each
+        value also in ``values``): the last one of each bucket becomes its exemplar, as
+        ``observe(value, exemplar)`` in that order would leave it."""
+        if exemplars and self._exemplars is None:
+            values = self._observe_exemplars(values, exemplars)
+            exemplars = None
         if not values:
             return
         bounds = self._bounds
@@ -99,6 +136,31 @@ class FastHistogram:
         buckets = self._buckets
         for index, n in touched.items():
             buckets[index].inc(n)
+        if exemplars:  # after the counts: a value that failed to count names no bucket
+            self._keep_latest(exemplars)
+
+    def _keep_latest(self, exemplars: Candidates) -> None:
+        """Set each touched bucket's exemplar to its latest candidate: a bisect per
+        candidate, one exemplar written per bucket."""
+        index = self._index
+        latest = {index(value): (value, ref) for value, ref in exemplars if value == value}
+        buckets = self._exemplars
+        assert buckets is not None
+        for at, (value, ref) in latest.items():
+            buckets[at].set_exemplar(Exemplar(exemplar_labels(ref), value, ref.timestamp))
+
+    def _observe_exemplars(self, values: list[float], exemplars: Candidates) -> list[float]:
+        """The public path: observe each candidate with its exemplar (prometheus-client
+        keeps the last per bucket, stamped with the time of this call); return the values
+        left to observe."""
+        rest = list(values)
+        child = self._child
+        for value, ref in exemplars:
+            if value != value:  # NaN: in no bucket, and never equal to itself in ``rest``
+                continue
+            rest.remove(value)
+            child.observe(value, exemplar_labels(ref))
+        return rest
 
 
 class FastCounter:

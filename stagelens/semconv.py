@@ -389,6 +389,17 @@ REASON_QUEUE_FULL: Final = "queue_full"
 REASON_EXPORT_FAILED: Final = "export_failed"
 """``reason`` label value: dropped by a failed export (collector down, refused, timed out)."""
 
+EXEMPLAR_TRACE_ID: Final = "trace_id"
+"""Exemplar label: the trace id (32 hex digits) of a sampled request whose observation
+fell in that bucket, on the buckets of ``stagelens_time_to_first_token_seconds``,
+``stagelens_request_duration_seconds`` and ``stagelens_stage_duration_seconds``: the latest
+such request per bucket, in the OpenMetrics exposition only (``Accept:
+application/openmetrics-text``), never in prometheus-client's multiprocess mode. Grafana
+links it to the trace (``exemplarTraceIdDestinations``)."""
+EXEMPLAR_SPAN_ID: Final = "span_id"
+"""Exemplar label beside ``trace_id``: the span id (16 hex digits) of that request's root
+span (the gateway's SERVER span), for every one of the three histograms."""
+
 TOKEN_TYPE_INPUT: Final = "input"
 """``type`` label value: prompt tokens, cached included."""
 TOKEN_TYPE_OUTPUT: Final = "output"

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from stagelens import prometheus_server
+
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
 
@@ -118,6 +120,19 @@ class PromStack:
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
+    def query_exemplars(self, expr: str, start: float, end: float) -> list[dict[str, Any]]:
+        """``/api/v1/query_exemplars``: per series, its labels and the exemplars stored
+        between ``start`` and ``end``; raises on a PromQL error."""
+        params = {"query": expr, "start": start, "end": end}
+        url = f"{self.prometheus_url}/api/v1/query_exemplars?" + urllib.parse.urlencode(params)
+        try:
+            body = get_json(url)
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(f"{expr}: {exc.read().decode()}") from exc
+        assert body["status"] == "success", body
+        result: list[dict[str, Any]] = body["data"]
+        return result
+
 
 @contextmanager
 def prom_stack(
@@ -126,7 +141,8 @@ def prom_stack(
     rule_files: Sequence[Path],
     webhook_url: str,
 ) -> Iterator[PromStack]:
-    """Start Alertmanager and Prometheus (1 s scrape and evaluation) scraping ``targets``.
+    """Start Alertmanager and Prometheus (1 s scrape and evaluation, exemplar storage on, as
+    ``stagelens.prometheus_server`` says) scraping ``targets``.
 
     ``ports`` = (prometheus, alertmanager, alertmanager cluster); ``targets`` maps job name to
     ``host:port``. Both processes are killed on exit.
@@ -176,6 +192,7 @@ def prom_stack(
                 f"--config.file={root / 'prometheus.yml'}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
+                *prometheus_server.FLAGS,
             ],
             stdout=prom_log,
             stderr=subprocess.STDOUT,

@@ -117,6 +117,47 @@ def test_fast_recording_equals_prometheus_client(multiprocess, monkeypatch, path
     assert sorted(got, key=repr) == sorted(want, key=repr)
 
 
+@pytest.mark.parametrize("path", ["storage", "exemplar-fallback", "fallback"])
+def test_exemplars_kept_equal_prometheus_client(monkeypatch, path) -> None:
+    """FastHistogram.observe_many with exemplar candidates, through the buckets' exemplar
+    storage (active on the installed version), through the public ``observe(value,
+    exemplar)`` (no exemplar storage, or no storage at all), gives the samples and the
+    per-bucket exemplars (labels and value) of prometheus-client's own observe() with the
+    candidates in order."""
+    from stagelens._series import ExemplarRef, exemplar_labels
+
+    if path != "storage":
+        monkeypatch.setattr(_compat, "exemplar_storage", lambda storage: None)
+    if path == "fallback":
+        monkeypatch.setattr(_compat, "histogram_storage", lambda child: None)
+    observed = [0.0001, 0.0005, 0.001, 0.0011, 0.004, 0.004, 0.3, 2.5, 7.0, 0.0, 1e9, 0.3]
+    refs = [ExemplarRef(i + 1, i + 100, 1.7e9 + i) for i in range(len(observed))]
+    candidates = [(v, r) for i, (v, r) in enumerate(zip(observed, refs, strict=True)) if i % 3]
+    a, b = CollectorRegistry(), CollectorRegistry()
+    buckets = INTER_TOKEN_LATENCY_BUCKETS
+    ha = Histogram("h", "h", ["m"], buckets=buckets, registry=a).labels("x")
+    hb = Histogram("h", "h", ["m"], buckets=buckets, registry=b).labels("x")
+    for i, (v, r) in enumerate(zip(observed, refs, strict=True)):
+        ha.observe(v, exemplar_labels(r) if i % 3 else None)
+    fast = FastHistogram(hb)
+    assert (fast._exemplars is not None) is (path == "storage")
+    fast.observe_many(list(observed), candidates)
+
+    def exemplars(registry: CollectorRegistry) -> dict[str, Any]:
+        return {
+            s.labels["le"]: (s.exemplar.labels, s.exemplar.value)
+            for m in registry.collect()
+            for s in m.samples
+            if s.exemplar is not None
+        }
+
+    # The public path observes the candidates first: the sum differs by float rounding only.
+    want = {(n, repr(lbl)): v for n, lbl, v in _samples(a)}
+    assert {(n, repr(lbl)): pytest.approx(v) for n, lbl, v in _samples(b)} == want
+    assert exemplars(b) == exemplars(a)
+    assert len(exemplars(b)) >= 5
+
+
 def test_storage_that_is_not_as_tested_is_refused() -> None:
     """A child whose internals changed shape gets the public path, never a crash."""
 
@@ -128,6 +169,13 @@ def test_storage_that_is_not_as_tested_is_refused() -> None:
 
     assert _compat.histogram_storage(Moved()) is None
     assert _compat.counter_storage(Moved()) is None
+
+    class NoExemplars:
+        def inc(self, amount: float) -> None:
+            pass
+
+    storage = _compat.HistogramStorage([1.0, float("inf")], [NoExemplars()] * 2, NoExemplars())
+    assert _compat.exemplar_storage(storage) is None
 
 
 # --- opentelemetry -----------------------------------------------------------------------

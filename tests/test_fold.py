@@ -147,10 +147,10 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     broken = instruments.for_model("m").ttft()
     observe_many = FastHistogram.observe_many
 
-    def failing(self: FastHistogram, values: list[float]) -> None:
+    def failing(self: FastHistogram, values: list[float], exemplars: Any = None) -> None:
         if self is broken:
             raise OSError("no space left on device")
-        observe_many(self, values)
+        observe_many(self, values, exemplars)
 
     monkeypatch.setattr(FastHistogram, "observe_many", failing)
     for _ in range(FOLD_EVERY):
@@ -204,3 +204,26 @@ def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> No
     assert [line.split(":")[1] for line in errors] == ["5", "5", "6"], out
     assert 'expected "StageTimes"' in errors[0]
     assert 'expected "PhaseTimes | None"' in errors[1]
+
+
+def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
+    """A failure whose message quotes a record's value (a model name a client sent, looked
+    up in a dict) is logged by its type alone: the name never reaches the log."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    caplog.set_level(logging.WARNING, logger="stagelens")
+    secret = "sk-live-DO-NOT-LOG"
+    real = instruments.for_model
+
+    def for_model(model: str) -> Any:
+        if model == secret:
+            raise KeyError(model)
+        return real(model)
+
+    monkeypatch.setattr(instruments, "for_model", for_model)
+    for i in range(FOLD_EVERY):
+        instruments.submit(_record(model=secret) if i == 3 else _record())
+    logged = [r.getMessage() for r in caplog.records if "request metrics" in r.getMessage()]
+    assert len(logged) == 1
+    assert "KeyError" in logged[0]
+    assert "DO-NOT-LOG" not in logged[0]

@@ -35,6 +35,11 @@ DEMO_PROMPTS = (
 )
 
 
+def _log_dir() -> Path:
+    """Where the demo writes its logs and its ``prometheus.yml``."""
+    return Path(os.environ.get("STAGELENS_LOG_DIR", Path.home() / ".cache" / "stagelens" / "logs"))
+
+
 def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
@@ -154,7 +159,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         model, parser = str(ensure_tiny_model()), parser or TOOL_CALL_PARSER
     _say(f"model: {model}")
 
-    logs = Path(os.environ.get("STAGELENS_LOG_DIR", Path.home() / ".cache" / "stagelens" / "logs"))
+    logs = _log_dir()
     servers = [
         VllmServer(
             model=model,
@@ -288,6 +293,7 @@ def _show(
         slowest = traces.print_slowest(served.telemetry, args.requests)
         print()
     _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
+    _print_prometheus(_log_dir() / "prometheus.yml", metrics, backends, args.workers)
     _print_trace_urls(traces, slowest, metrics)
     if not args.exit_after_traffic:
         _say("stack is up; Ctrl-C stops everything")
@@ -383,7 +389,27 @@ def _print_urls(
         print(f"  vLLM        {url}/metrics  (engine + stagelens plugin metrics)")
     for url in embedders:
         print(f"  embeddings  {url}/metrics  (vLLM pooling server)")
-    print("  Prometheus  scrape the /metrics above (job names 'stagelens-gateway', 'vllm');")
-    print("              rules: alerts/stagelens-rules.yaml and alerts/stagelens-alerts.yaml")
     print("  Grafana     import dashboards/*.json (or deploy/grafana/provisioning/)")
     print(f"  report      {sys.argv[0]} report --metrics-url {metrics}")
+
+
+def _print_prometheus(path: Path, metrics: str, backends: list[str], workers: int) -> None:
+    """Write a ``prometheus.yml`` scraping this stack and print the command that runs
+    Prometheus on it, with exemplar storage (the latency buckets' trace ids)."""
+    from urllib.parse import urlsplit
+
+    from stagelens import prometheus_server
+
+    jobs = {
+        prometheus_server.GATEWAY_JOB: [urlsplit(metrics).netloc],
+        prometheus_server.VLLM_JOB: [urlsplit(url).netloc for url in backends],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prometheus_server.render(jobs), encoding="utf-8")
+    print(f"  Prometheus  {prometheus_server.command(str(path))}")
+    print(f"              (scrapes the /metrics above as jobs {', '.join(map(repr, jobs))})")
+    if workers > 1:
+        print("              no exemplars: several workers share metrics in files, which keep none")
+    else:
+        print("              exemplars: each latency bucket's latest sampled trace id")
+    print("              rules: alerts/stagelens-rules.yaml and alerts/stagelens-alerts.yaml")
