@@ -114,10 +114,18 @@ def _set(body: Any, path: tuple[Any, ...], value: Any) -> None:
     body[path[-1]] = value
 
 
+HOSTILE_KINDS = ("surrogate", "surrogate_bytes", "nonfinite", "deep", "oversize")
+"""The hostile changes :func:`hostile` makes."""
+
+
 @st.composite
-def hostile(draw: st.DrawFn, body: dict[str, Any], max_body_bytes: int) -> Hostile:
-    """``body`` with one hostile change the gateway must refuse with a 4xx naming it."""
-    how = draw(st.sampled_from(["surrogate", "surrogate_bytes", "nonfinite", "deep", "oversize"]))
+def hostile(
+    draw: st.DrawFn, body: dict[str, Any], max_body_bytes: int, how: str | None = None
+) -> Hostile:
+    """``body`` with one hostile change (``how``, one of :data:`HOSTILE_KINDS`, or drawn)
+    the gateway must refuse with a 4xx naming it."""
+    if how is None:
+        how = draw(st.sampled_from(HOSTILE_KINDS))
     body = json.loads(json.dumps(body))
     if how.startswith("surrogate"):
         where = draw(st.sampled_from([*_strings(body), ("stop",), ("x-extra",)]))
