@@ -1,8 +1,9 @@
 """Gateway policy: API-key authentication, per-key token-bucket rate limiting and the
 request body size limit.
 
-Both run inside stagelens's ``gateway`` stage as the middleware's auth and rate-limit hooks,
-and answer through ``stagelens.Rejected`` (401 / 429 with ``Retry-After``).
+The first two run inside stagelens's ``gateway`` stage as the middleware's auth and
+rate-limit hooks, and answer through ``stagelens.Rejected`` (401 / 429 with
+``Retry-After``); the size limit wraps stagelens's middleware and answers 413 the same way.
 """
 
 from __future__ import annotations
