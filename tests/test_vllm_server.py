@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
-from stagelens.reference.vllm_server import VllmServer
+from stagelens.reference.vllm_server import Supervisor, VllmServer
 
 
 class _Sleeper(VllmServer):
@@ -45,3 +46,43 @@ def test_engine_gets_its_own_process_group_but_shares_our_session(tmp_path: Path
             break
         assert time.monotonic() < deadline, "the engine's process group outlived stop()"
         time.sleep(0.05)
+
+
+def group_alive(pgid: int) -> bool:
+    """Some process of the process group ``pgid`` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_supervisor_sweeps_a_killed_servers_orphans_and_restarts_it(tmp_path: Path) -> None:
+    """SIGKILL of the server process alone leaves its child running in the group; the
+    supervisor notices the exit, kills the orphan (the group is gone) and starts the
+    server again, after its backoff."""
+    server = _Sleeper(model="unused", port=1, log_path=tmp_path / "log")
+    server.start()
+    pid = server.pid
+    assert pid is not None
+    events: list[str] = []
+    try:
+        time.sleep(0.5)  # the child is started
+        with Supervisor([server], interval=0.05, backoff=0.3, say=events.append) as supervisor:
+            killed = time.monotonic()
+            os.kill(pid, signal.SIGKILL)
+            deadline = killed + 10
+            while server.pid in (None, pid):
+                assert time.monotonic() < deadline, "the server was not restarted"
+                time.sleep(0.05)
+            assert time.monotonic() - killed >= 0.3  # the backoff was waited
+            deadline = time.monotonic() + 5  # swept, and reaped (given a moment)
+            while group_alive(pid):
+                assert time.monotonic() < deadline, "the killed server's child outlived it"
+                time.sleep(0.05)
+            assert supervisor.restarts == 1
+            assert events == ["vLLM on port 1 died; restarting in 0s"]
+            assert server.pid is not None
+            assert group_alive(server.pid)
+    finally:
+        server.stop(grace=5)

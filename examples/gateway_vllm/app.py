@@ -16,18 +16,26 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from typing import Any
 
+import anyio
 import httpx
 from fastapi import FastAPI, Request
 from stagelens.instrumentation import Telemetry, default_telemetry
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
-from stagelens.reference.flow import REQUEST_KEY, TENANT_KEY, complete, embed
+from stagelens.reference.flow import (
+    BODY_BYTES_KEY,
+    OFF_LOOP_BYTES,
+    REQUEST_KEY,
+    TENANT_KEY,
+    complete,
+    embed,
+)
 from stagelens.reference.ledger import TenantUsage, open_ledger, resolve_url
 from stagelens.reference.pipeline import Pool, Router, SafetyCheck, blocklist_classifier
-from stagelens.reference.policy import ApiKeyAuth
+from stagelens.reference.policy import ApiKeyAuth, BodyLimit
 from stagelens.reference.ratelimit import RedisTokenBucket, rate_limiter
 from stagelens.reference.schema import ChatRequest, CompletionRequest, EmbeddingRequest, parse
-from stagelens.reference.tokens import TokenCounter
+from stagelens.reference.tokens import OffLoop, TokenCounter
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -53,6 +61,7 @@ class Gateway:
         backends: dict[str, Backend] = {}
         pools: dict[str, Pool] = {}
         self.tokenizers: dict[tuple[str, str], TokenCounter] = {}
+        self.off_loop = OffLoop()  # big inputs are tokenized on a worker thread
         for name, pool_config in config.models.items():
             members = [backends.setdefault(u, Backend(u)) for u in pool_config.backends]
             pools[name] = Pool(name, pool_config, Balancer(members, config.balancing))
@@ -72,11 +81,17 @@ class Gateway:
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
         )
 
-    def validate(self, scope: dict[str, Any], body: bytes) -> None:
-        """Body hook (gateway stage): schema validation, 400 naming the bad field."""
+    async def validate(self, scope: dict[str, Any], body: bytes) -> None:
+        """Body hook (gateway stage): schema validation, 400 naming the problem. A body
+        over ``OFF_LOOP_BYTES`` is parsed on a worker thread (the event loop keeps
+        serving); the size limit (413) was checked while it was read."""
         kind = _BODIES.get(scope.get("path", ""))
         if kind is not None and scope.get("method") == "POST":
-            scope[REQUEST_KEY] = parse(body, kind)
+            scope[BODY_BYTES_KEY] = len(body)
+            if len(body) > OFF_LOOP_BYTES:
+                scope[REQUEST_KEY] = await anyio.to_thread.run_sync(parse, body, kind)
+            else:
+                scope[REQUEST_KEY] = parse(body, kind)
 
     def tokenizer_for(self, model: str) -> TokenCounter | None:
         """The token counter of a served model (None for an unknown name)."""
@@ -272,6 +287,8 @@ def create_app(
         rate_limit_hook=limiter,
         body_hook=gateway.validate,
     )
+    # Added last, so outermost: the body hook's read of a body over the limit answers 413.
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     return app
 
 

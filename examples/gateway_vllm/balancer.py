@@ -10,22 +10,52 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
+import anyio
 import httpx
 
 from stagelens import Rejected
 
 
 class Backend:
-    """One vLLM server: URL, requests in flight, health."""
+    """One vLLM server: URL, requests in flight, health.
 
-    __slots__ = ("healthy", "outstanding", "url")
+    Marking a backend down (``healthy = False``, by the health check or a failed call)
+    cancels every attempt still waiting on it for its first byte (:meth:`waiting_on`): they
+    fail over at once instead of holding their admission slots until a timeout.
+    """
+
+    __slots__ = ("_healthy", "_waiting", "outstanding", "url")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self.outstanding = 0
-        self.healthy = True
+        self._healthy = True
+        self._waiting: set[anyio.CancelScope] = set()
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @healthy.setter
+    def healthy(self, value: bool) -> None:
+        self._healthy = value
+        if not value:
+            for scope in self._waiting:
+                scope.cancel()
+
+    @contextlib.contextmanager
+    def waiting_on(self, scope: anyio.CancelScope) -> Iterator[None]:
+        """While inside, ``scope`` is cancelled when this backend is marked down (or
+        at once, when it already is)."""
+        if not self._healthy:
+            scope.cancel()
+        self._waiting.add(scope)
+        try:
+            yield
+        finally:
+            self._waiting.discard(scope)
 
     def __repr__(self) -> str:
         return f"Backend({self.url!r}, outstanding={self.outstanding}, healthy={self.healthy})"

@@ -71,6 +71,15 @@ class GatewayConfig(BaseModel):
     """Active health-check period."""
     upstream_timeout_seconds: float = Field(default=60.0, gt=0)
     """Upstream read timeout; exceeded answers 504."""
+    upstream_first_byte_timeout_seconds: float = Field(default=30.0, gt=0)
+    """Per upstream attempt: how long a backend may take to send its response headers
+    and, on a stream, its first event. Exceeded, the request (which has sent the client
+    nothing yet) is tried on another healthy backend; with none left it answers 504.
+    A whole (not streamed) answer's headers come only once it is generated: keep this
+    above the longest non-streamed generation you serve."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    """Largest request body accepted; a larger one answers 413 ``request_too_large``
+    before it is parsed or tokenized."""
     blocked_terms: tuple[str, ...] = ("ignore previous instructions", "rm -rf /")
     """Default safety classifier: a completion containing one of these is withheld."""
     price_table: Path | None = None

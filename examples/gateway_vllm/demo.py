@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
-    from stagelens.reference.vllm_server import VllmServer, running
+    from stagelens.reference.vllm_server import Supervisor, VllmServer, running
 
     model, parser = args.model, args.tool_call_parser
     if model is None:
@@ -200,7 +200,10 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         + f" (about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
     )
     # running() stops every server in its finally, however we leave (signal included).
-    with running([*servers, *embedders], timeout=900, progress=_progress("waiting for vLLM")):
+    with (
+        running([*servers, *embedders], timeout=900, progress=_progress("waiting for vLLM")),
+        Supervisor([*servers, *embedders], say=_say),  # a dead backend is restarted
+    ):
         print()
         traces = _start_traces(args)
         try:

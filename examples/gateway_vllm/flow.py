@@ -10,8 +10,10 @@ to bill a stream cut short (stripped again unless the client asked for them).
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import httpx
 from stagelens.reference.balancer import Backend
 from stagelens.reference.pipeline import Pool, check_context
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 REQUEST_KEY = "stagelens.reference.request"
 """Where the gateway stage leaves (validated request, client JSON) in the ASGI scope."""
 TENANT_KEY = "stagelens.reference.tenant"
+BODY_BYTES_KEY = "stagelens.reference.body_bytes"
+"""Where the gateway stage leaves the request body's size in the ASGI scope."""
 
 
 class Lease:
@@ -121,6 +125,25 @@ def count_prompt(req: Any, raw: dict[str, Any], pool: Pool, counter: TokenCounte
     return total
 
 
+OFF_LOOP_BYTES = 16 * 1024
+"""Bodies larger than this are tokenized off the event loop (smaller ones take well under
+a millisecond: the thread hop would cost more than it saves)."""
+
+
+async def tokenize(
+    gateway: Gateway,
+    request: Request,
+    req: Any,
+    raw: dict[str, Any],
+    pool: Pool,
+    counter: TokenCounter,
+) -> int:
+    """:func:`count_prompt`, on a worker thread for a body over :data:`OFF_LOOP_BYTES`."""
+    if request.scope.get(BODY_BYTES_KEY, 0) <= OFF_LOOP_BYTES:
+        return count_prompt(req, raw, pool, counter)
+    return await gateway.off_loop.run(counter, lambda c: count_prompt(req, raw, pool, c))
+
+
 async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Response:
     """Chat or text completion through the load balancer, tokenizer, router and inference
     stages; the answer relayed (streamed) or post-processed (not)."""
@@ -142,7 +165,7 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
         with stage(Stage.TOKENIZER):
             prompt_tokens = 0
             if counter is not None and pool is not None and pool.config.task == "generate":
-                prompt_tokens = count_prompt(req, raw, pool, counter)
+                prompt_tokens = await tokenize(gateway, request, req, raw, pool, counter)
 
         with stage(Stage.ROUTER):
             pool = gateway.router.route(req.model, "generate")
@@ -164,7 +187,7 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
             if not getattr(req, "echo", False):
                 body["return_token_ids"] = True
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        upstream = await send(gateway, pool, lease, prefix, path, body, req.streaming)
+        upstream, chunks = await send(gateway, pool, lease, prefix, path, body, req.streaming)
         if upstream.status_code >= 400:
             return await upstream_error(upstream)
         if not req.streaming:
@@ -173,6 +196,7 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
             relay(
                 gateway,
                 upstream,
+                chunks,
                 req,
                 tenant,
                 prompt_tokens,
@@ -219,7 +243,7 @@ async def embed(gateway: Gateway, request: Request) -> Response:
         with stage(Stage.TOKENIZER):
             prompt_tokens = 0
             if counter is not None and pool is not None and pool.config.task == "embed":
-                prompt_tokens = count_prompt(req, raw, pool, counter)
+                prompt_tokens = await tokenize(gateway, request, req, raw, pool, counter)
         with stage(Stage.ROUTER):
             pool = gateway.router.route(req.model, "embed")
             await pool.acquire()
@@ -231,7 +255,7 @@ async def embed(gateway: Gateway, request: Request) -> Response:
             semconv.GEN_AI_REQUEST_MODEL: pool.upstream_model,
         }
         with stage(Stage.INFERENCE, attributes) as inference:
-            upstream = await send(gateway, pool, lease, prefix, "/v1/embeddings", body, False)
+            upstream, _ = await send(gateway, pool, lease, prefix, "/v1/embeddings", body, False)
             if upstream.status_code >= 400:
                 return await upstream_error(upstream)
             content = upstream.content
@@ -261,54 +285,99 @@ async def send(
     path: str,
     body: dict[str, Any],
     stream: bool,
-) -> httpx.Response:
-    """Inference stage: call the backend; fail over to another on a connection error.
+) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    """Inference stage: call the backend; fail over to another while the client has been
+    sent nothing: on a connection error, on a backend marked down while the request waits
+    on it, and on no first byte within ``upstream_first_byte_timeout_seconds`` (the
+    response headers and, on a stream, its first event). Returns the response and its
+    body chunks (a stream's first one already read, replayed first).
 
     Errors answered here happen outside any ``stage()`` block, so each names the stage that
     failed: the load balancer when no healthy backend is left, inference for a timeout.
     """
     tried: list[Backend] = []
+    first_byte = gateway.config.upstream_first_byte_timeout_seconds
     while True:
         backend = lease.backend
         assert backend is not None
-        try:
-            return await gateway.client.send(
-                gateway.client.build_request("POST", backend.url + path, json=body),
-                stream=stream,
-            )
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
-            # No answer at all from this backend: take it out (passive check, until the
-            # active check says otherwise) and try another.
-            backend.healthy = False
-            backend.outstanding -= 1
-            lease.backend = None
-            tried.append(backend)
+        failure: Exception
+        if not backend.healthy:  # marked down while this request waited for admission
+            failure = httpx.ConnectError("backend marked down")
+        else:
             try:
-                lease.backend = pool.balancer.assign(prefix, exclude=tried)
-            except Rejected:
-                reject(Stage.LOAD_BALANCER)
+                with anyio.move_on_after(first_byte) as scope, backend.waiting_on(scope):
+                    return await _attempt(gateway, backend.url + path, body, stream)
+                failure = httpx.ConnectError("backend marked down")
+                if backend.healthy:  # no first byte in time: slow or frozen, not known dead
+                    failure = httpx.ReadTimeout("no first byte in time")
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                # No answer at all from this backend: take it out (passive check, until
+                # the active check says otherwise) and try another.
+                backend.healthy = False
+                failure = exc
+            except httpx.TimeoutException as exc:
+                reject(Stage.INFERENCE)
+                raise _timed_out() from exc
+            except httpx.HTTPError as exc:
+                reject(Stage.INFERENCE)
                 raise Rejected(
-                    503,
-                    f"Backend unavailable: {type(exc).__name__}",
+                    502,
+                    f"The model server call failed: {type(exc).__name__}",
                     type="server_error",
-                    code="backend_unavailable",
+                    code="upstream_error",
                 ) from exc
-        except httpx.TimeoutException as exc:
-            reject(Stage.INFERENCE)
+        backend.outstanding -= 1
+        lease.backend = None
+        tried.append(backend)
+        try:
+            lease.backend = pool.balancer.assign(prefix, exclude=tried)
+        except Rejected:
+            if isinstance(failure, httpx.TimeoutException):
+                reject(Stage.INFERENCE)
+                raise _timed_out() from failure
+            reject(Stage.LOAD_BALANCER)
             raise Rejected(
-                504,
-                "The model server did not answer in time.",
+                503,
+                f"Backend unavailable: {type(failure).__name__}",
                 type="server_error",
-                code="upstream_timeout",
-            ) from exc
-        except httpx.HTTPError as exc:
-            reject(Stage.INFERENCE)
-            raise Rejected(
-                502,
-                f"The model server call failed: {type(exc).__name__}",
-                type="server_error",
-                code="upstream_error",
-            ) from exc
+                code="backend_unavailable",
+            ) from failure
+
+
+def _timed_out() -> Rejected:
+    return Rejected(
+        504,
+        "The model server did not answer in time.",
+        type="server_error",
+        code="upstream_timeout",
+    )
+
+
+async def _attempt(
+    gateway: Gateway, url: str, body: dict[str, Any], stream: bool
+) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    """One upstream call, up to its first byte: the headers and, on a successful stream,
+    its first chunk (read here, so a backend that answers headers and then freezes is
+    still one the request can leave). Cancelled, it closes what it opened."""
+    client = gateway.client
+    response = await client.send(client.build_request("POST", url, json=body), stream=stream)
+    if not stream or response.status_code >= 400:
+        return response, response.aiter_raw()
+    try:
+        chunks = response.aiter_raw()
+        first = await anext(chunks, b"")
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        raise
+    return response, _replay(first, chunks)
+
+
+async def _replay(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
 
 
 def client_status(upstream_status: int) -> int:

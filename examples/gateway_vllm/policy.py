@@ -1,7 +1,9 @@
-"""Gateway policy: API-key authentication and per-key token-bucket rate limiting.
+"""Gateway policy: API-key authentication, per-key token-bucket rate limiting and the
+request body size limit.
 
-Both run inside stagelens's ``gateway`` stage as the middleware's auth and rate-limit hooks,
-and answer through ``stagelens.Rejected`` (401 / 429 with ``Retry-After``).
+The first two run inside stagelens's ``gateway`` stage as the middleware's auth and
+rate-limit hooks, and answer through ``stagelens.Rejected`` (401 / 429 with
+``Retry-After``); the size limit wraps stagelens's middleware and answers 413 the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import threading
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagelens import Rejected
 
@@ -103,4 +107,58 @@ def rate_limited(rate: float, wait: float) -> Rejected:
         type="rate_limit_error",
         code="rate_limit_exceeded",
         headers={"retry-after": str(max(1, math.ceil(wait)))},
+    )
+
+
+class BodyLimit:
+    """Pure ASGI middleware, outside stagelens's: a request body over ``max_bytes`` answers
+    413 ``request_too_large`` before the gateway holds it (or parses or tokenizes it).
+
+    Why it raises from ``receive``: the body is read by the gateway stage's body hook, so the
+    413 is answered and counted there, after authentication, like every other rejection.
+    A declared ``Content-Length`` over the limit is refused before any byte is read; a
+    chunked body as soon as what arrived passes the limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_bytes
+        declared = _content_length(scope)
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            if declared is not None and declared > limit:
+                raise _too_large(limit)
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _too_large(limit)
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server refuses a malformed length itself
+    return None
+
+
+def _too_large(limit: int) -> Rejected:
+    return Rejected(
+        413,
+        f"Request body is larger than this gateway's limit of {limit} bytes.",
+        code="request_too_large",
     )

@@ -241,6 +241,7 @@ class _Relay:
 async def relay(
     gateway: Gateway,
     upstream: httpx.Response,
+    chunks: AsyncIterator[bytes],
     req: Any,
     tenant: str,
     prompt_tokens: int,
@@ -262,7 +263,7 @@ async def relay(
     buffer = b""
     try:
         try:
-            async for chunk in upstream.aiter_raw():
+            async for chunk in chunks:
                 if upstream_done:
                     continue
                 buffer += chunk

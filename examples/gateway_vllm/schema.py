@@ -10,6 +10,8 @@ untouched; these models only decide whether the request is well formed.
 from __future__ import annotations
 
 import json
+import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -266,14 +268,104 @@ def _param(loc: tuple[int | str, ...]) -> str | None:
     return ".".join(parts) or None
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a body may have (vLLM's requests need a handful;
+a JSON schema in ``tools`` a few dozen). Deeper answers 400 ``nesting_too_deep``: left to
+the JSON decoder, the chat template and httpx, a deep body ends in ``RecursionError``."""
+
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+"""A UTF-16 surrogate in a body, escaped (``\\ud800``) or as the bytes Python's decoder lets
+through: a lone one cannot be encoded as UTF-8 (prefix hashing, httpx), so it answers 400."""
+
+
+def _constant(name: str) -> float:
+    """``NaN``, ``Infinity``, ``-Infinity``: not JSON, refused (vLLM's encoder would be
+    sent what it cannot serialise back)."""
+    raise Rejected(
+        400,
+        f"Request body has a non-finite number ({name}); JSON numbers must be finite.",
+        param=None,
+        code="invalid_number",
+    )
+
+
+def _finite(text: str) -> float:
+    """A JSON number with a fraction or exponent; one too large for a float (``1e400``)
+    would become infinity, and is refused like ``Infinity``."""
+    value = float(text)
+    if not math.isfinite(value):
+        _constant(text)
+    return value
+
+
+def _path(path: tuple[int | str, ...]) -> str | None:
+    return ".".join(map(str, path)) or None
+
+
+def check_values(data: Any) -> None:
+    """400 naming the first place where ``data`` nests deeper than :data:`MAX_DEPTH` or
+    holds a string (or key) with a lone surrogate. Iterative: depth cannot overflow it."""
+    stack: list[tuple[Any, tuple[int | str, ...]]] = [(data, ())]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            _check_text(value, path)
+            continue
+        if isinstance(value, dict):
+            items: Any = value.items()
+        elif isinstance(value, list):
+            items = enumerate(value)
+        else:
+            continue
+        if len(path) >= MAX_DEPTH:
+            raise Rejected(
+                400,
+                f"Request body nests deeper than {MAX_DEPTH} levels.",
+                param=_path(path[:1]),  # the top-level field holding it
+                code="nesting_too_deep",
+            )
+        for key, item in items:
+            if isinstance(key, str):
+                _check_text(key, path)
+            if isinstance(item, (str, dict, list)):
+                stack.append((item, (*path, key)))
+
+
+def _check_text(text: str, path: tuple[int | str, ...]) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise Rejected(
+            400,
+            "Request body has a lone UTF-16 surrogate (invalid Unicode) in a string.",
+            param=_path(path),
+            code="invalid_unicode",
+        ) from exc
+
+
 def parse(body: bytes, kind: type[BaseModel]) -> tuple[Any, dict[str, Any]]:
     """Validate ``body``: (the validated request, the client's JSON object as sent).
 
-    Rejected(400) names the first bad field in ``param``.
+    Rejected(400) names the problem: not JSON (``invalid_json``), a non-finite number
+    (``invalid_number``), nesting too deep (``nesting_too_deep``), a lone surrogate
+    (``invalid_unicode``), or the first bad field in ``param`` (``invalid_request``).
+    The deep walk runs only when the body could need it (more brackets than the depth
+    limit, or a surrogate in its bytes): most bodies pay two byte counts and a search.
     """
     try:
-        data = json.loads(body or b"null")
-    except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
+        data = json.loads(body or b"null", parse_constant=_constant, parse_float=_finite)
+    except RecursionError as exc:
+        raise Rejected(
+            400,
+            f"Request body nests deeper than {MAX_DEPTH} levels.",
+            param=None,
+            code="nesting_too_deep",
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise Rejected(
+            400, f"Request body is not valid UTF-8: {exc}", param=None, code="invalid_unicode"
+        ) from exc
+    except ValueError as exc:
         raise Rejected(
             400, f"Request body is not valid JSON: {exc}", param=None, code="invalid_json"
         ) from exc
@@ -281,6 +373,8 @@ def parse(body: bytes, kind: type[BaseModel]) -> tuple[Any, dict[str, Any]]:
         raise Rejected(
             400, "Request body must be a JSON object.", param=None, code="invalid_request"
         )
+    if body.count(b"[") + body.count(b"{") > MAX_DEPTH or _SURROGATE.search(body):
+        check_values(data)
     try:
         return kind.model_validate(data), data
     except ValidationError as exc:

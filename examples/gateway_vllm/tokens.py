@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
+import anyio
 from stagelens.reference.schema import ChatRequest, Message, Tool
 
 from stagelens import Rejected
@@ -133,6 +135,7 @@ class TokenCounter:
     """The served model's own tokenizer (loaded once per model directory)."""
 
     def __init__(self, source: str, content_format: ContentFormat = "string") -> None:
+        self.source = source
         transformers: Any = importlib.import_module("transformers")
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         # We count prompts of any length ourselves; silence the "longer than max" warning.
@@ -186,3 +189,32 @@ class TokenCounter:
         text can differ from the engine's own ids by a token or so at odd byte boundaries;
         it is used only when the engine's usage never arrived (stream cut short)."""
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class OffLoop:
+    """Counts big inputs on a worker thread, so the event loop keeps serving meanwhile (a
+    1 MB prompt takes most of a second to tokenize on one core).
+
+    Why a tokenizer copy of its own, one thread at a time: a Hugging Face fast tokenizer
+    sets its truncation and padding state on every call and refuses to be used by two
+    threads at once ("Already borrowed"); the event loop keeps the original for small
+    inputs, the worker its copy, loaded on first use.
+    """
+
+    def __init__(self) -> None:
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._copies: dict[tuple[str, str], TokenCounter] = {}
+
+    async def run(self, counter: TokenCounter, count: Callable[[TokenCounter], int]) -> int:
+        """``count`` applied to the worker's copy of ``counter``, on the worker thread."""
+        if self._limiter is None:  # created in the event loop that uses it
+            self._limiter = anyio.CapacityLimiter(1)
+
+        def work() -> int:
+            key = (counter.source, counter.content_format)
+            copy = self._copies.get(key)
+            if copy is None:
+                copy = self._copies[key] = TokenCounter(*key)
+            return count(copy)
+
+        return await anyio.to_thread.run_sync(work, limiter=self._limiter)

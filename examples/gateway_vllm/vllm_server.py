@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -190,6 +191,17 @@ class VllmServer:
             self._log.close()
             self._log = None
 
+    @property
+    def exited(self) -> bool:
+        """The API server process was started and has exited (killed, crashed)."""
+        return self._proc is not None and self._proc.poll() is not None
+
+    def restart(self) -> None:
+        """Sweep what is left of the process group (the engine processes a killed API
+        server leaves behind, holding their memory) and start again (returns at once)."""
+        self.stop(grace=5.0)
+        self.start()
+
     def kill(self) -> None:
         """SIGKILL the server at once (simulates a backend dying)."""
         if self._proc is not None:
@@ -226,3 +238,60 @@ def running(
     finally:
         for server in servers:
             server.stop()
+
+
+class Supervisor:
+    """Watches servers from a thread: one whose API server exited is swept (its engine
+    processes, orphaned in its process group, are killed) and started again, after a
+    backoff that doubles per restart that did not come back healthy (``backoff`` to
+    ``max_backoff`` seconds) and resets once it serves again. ``say`` reports each event.
+
+    Use as a context manager inside :func:`running`, so it stops watching before the
+    servers are stopped.
+    """
+
+    def __init__(
+        self,
+        servers: Sequence[VllmServer],
+        *,
+        interval: float = 1.0,
+        backoff: float = 1.0,
+        max_backoff: float = 60.0,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        self.servers = list(servers)
+        self.interval = interval
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.say = say
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllm-supervisor", daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        delays = {id(s): self.backoff for s in self.servers}
+        due: dict[int, float] = {}  # server -> when its next restart may happen
+        while not self._stopping.wait(self.interval):
+            for server in self.servers:
+                key = id(server)
+                if not server.exited:
+                    if key not in due and server.is_healthy(timeout=1.0):
+                        delays[key] = self.backoff  # serving: the next death starts over
+                    continue
+                now = time.monotonic()
+                if key not in due:
+                    due[key] = now + delays[key]
+                    self.say(f"vLLM on port {server.port} died; restarting in {delays[key]:.0f}s")
+                if now >= due[key] and not self._stopping.is_set():
+                    del due[key]
+                    delays[key] = min(delays[key] * 2, self.max_backoff)
+                    server.restart()
+                    self.restarts += 1

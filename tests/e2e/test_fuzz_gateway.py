@@ -15,83 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from stagelens.reference import demo_config
-from stagelens.reference.schema import ChatRequest, CompletionRequest, EmbeddingRequest
 
+from tests._fuzz import HOSTILE_HEADERS, JSON, ROUTES, bodies, bounded
 from tests.e2e.conftest import start_gateway
 
 pytestmark = pytest.mark.vllm
 
 STATUSES: collections.Counter[str] = collections.Counter()
 """Status codes seen per kind of case, printed at the end of the module (for the record)."""
-
-ROUTES = {
-    "/v1/chat/completions": (ChatRequest, "tiny"),
-    "/v1/completions": (CompletionRequest, "tiny"),
-    "/v1/embeddings": (EmbeddingRequest, "tiny-embed"),
-}
-
-_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 50) | st.floats(-2, 3) | _TEXT,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3),
-    max_leaves=8,
-)
-
-
-def from_schema(schema: dict[str, Any], defs: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """Values valid for a JSON schema (the subset pydantic writes), kept small."""
-    if "$ref" in schema:
-        return from_schema(defs[schema["$ref"].rsplit("/", 1)[-1]], defs)
-    for key in ("anyOf", "oneOf"):
-        if key in schema:
-            return st.one_of([from_schema(s, defs) for s in schema[key]])
-    if "enum" in schema:
-        return st.sampled_from(schema["enum"])
-    if "const" in schema:
-        return st.just(schema["const"])
-    kind = schema.get("type")
-    if kind == "object":
-        properties = schema.get("properties", {})
-        required = set(schema.get("required", ()))
-        fixed = {k: from_schema(v, defs) for k, v in properties.items() if k in required}
-        optional = {k: from_schema(v, defs) for k, v in properties.items() if k not in required}
-        if not properties and schema.get("additionalProperties", True):
-            return st.dictionaries(_TEXT, _JSON, max_size=2)
-        return st.fixed_dictionaries(fixed, optional=optional)
-    if kind == "array":
-        items = from_schema(schema.get("items", {}), defs)
-        low = schema.get("minItems", 0)
-        return st.lists(items, min_size=low, max_size=max(low, 3))
-    if kind == "string":
-        return st.text(min_size=schema.get("minLength", 0), max_size=16)
-    if kind == "integer":
-        low = schema.get("minimum", schema.get("exclusiveMinimum", -1) + 1)
-        return st.integers(low, low + 40)
-    if kind == "number":
-        return st.floats(schema.get("minimum", -2.0), 2.0, allow_nan=False)
-    if kind == "boolean":
-        return st.booleans()
-    if kind == "null":
-        return st.none()
-    return _JSON
-
-
-def _bodies(kind: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
-    schema = kind.model_json_schema()
-    return from_schema(schema, schema.get("$defs", {}))
-
-
-def _bounded(body: dict[str, Any], model: str) -> dict[str, Any]:
-    """A drawn body made cheap to serve: a served model, at most 4 tokens, 2 choices."""
-    body = {**body, "model": model}
-    body["max_tokens"] = min(body.get("max_tokens") or 4, 4)
-    if body.get("max_completion_tokens") is not None:
-        body["max_completion_tokens"] = min(body["max_completion_tokens"], 4)
-    if body.get("n") is not None:
-        body["n"] = min(body["n"], 2)
-    if isinstance(body.get("prompt"), list) and body["prompt"]:
-        body["prompt"] = body["prompt"][:2]
-    return body
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +44,10 @@ def client(
     print(f"\nfuzz status distribution: {dict(sorted(STATUSES.items()))}")
 
 
-def _post(client: httpx.Client, path: str, content: bytes, case: str) -> httpx.Response:
-    r = client.post(path, content=content, headers={"content-type": "application/json"})
+def _post(
+    client: httpx.Client, path: str, content: bytes, case: str, headers: Any = None
+) -> httpx.Response:
+    r = client.post(path, content=content, headers=headers or {"content-type": "application/json"})
     STATUSES[f"{case} {r.status_code}"] += 1
     assert r.status_code < 500, r.text
     if r.status_code >= 400:
@@ -135,14 +68,15 @@ class TestFuzzedBodies:
     """Hypothesis against the running gateway (sync httpx client)."""
 
     @FUZZ
-    @given(data=st.data())
-    def test_bodies_from_the_schemas_are_forwarded(self, client, data) -> None:
-        """A body valid for the gateway's schema never answers 5xx: the gateway forwards it
-        and passes on what vLLM answers (200, or vLLM's own 4xx with its message)."""
+    @given(data=st.data(), headers=HOSTILE_HEADERS)
+    def test_bodies_from_the_schemas_are_forwarded(self, client, data, headers) -> None:
+        """A body valid for the gateway's schema, sent with hostile headers, never answers
+        5xx: the gateway forwards it and passes on what vLLM answers (200, or vLLM's own
+        4xx with its message)."""
         path = data.draw(st.sampled_from(sorted(ROUTES)))
         kind, model = ROUTES[path]
-        body = _bounded(data.draw(_bodies(kind)), model)
-        r = _post(client, path, json.dumps(body).encode(), "valid")
+        body = bounded(data.draw(bodies(kind)), model)
+        r = _post(client, path, json.dumps(body).encode(), "valid", headers)
         if r.status_code >= 400:
             assert r.json()["error"]["code"] in (
                 "upstream_rejected",
@@ -158,7 +92,7 @@ class TestFuzzedBodies:
         ``param`` names that field (or the bad element inside it)."""
         path = data.draw(st.sampled_from(sorted(ROUTES)))
         kind, model = ROUTES[path]
-        body = _bounded(data.draw(_bodies(kind)), model)
+        body = bounded(data.draw(bodies(kind)), model)
         field = data.draw(st.sampled_from(sorted(_BREAKABLE[path])))
         wrong = data.draw(_WRONG[field])
         target, name, param = body, field, field
@@ -174,7 +108,7 @@ class TestFuzzedBodies:
     @settings(FUZZ, max_examples=150)
     @given(
         path=st.sampled_from(sorted(ROUTES)),
-        raw=st.binary(max_size=64) | _JSON.map(lambda v: json.dumps(v).encode()),
+        raw=st.binary(max_size=64) | JSON.map(lambda v: json.dumps(v).encode()),
     )
     def test_random_bytes_and_json_answer_400(self, client, path, raw) -> None:
         """Random bytes, or random JSON, answer 400 in OpenAI's error format."""

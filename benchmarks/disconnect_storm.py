@@ -1,0 +1,217 @@
+"""Disconnect storm: what the gateway bills for streams whose clients leave, against what vLLM
+generated for them, and whether any generation runs on after its client left.
+
+Starts real vLLM (the tiny model on CPU, or ``--vllm-url``: then nothing else may use it
+during the run) and the reference gateway (in this process, on uvicorn), then sends
+``--streams`` streamed chat requests at once, each asking for ``--max-tokens`` tokens; every
+client reads ``--read`` content events and closes its connection. Then it waits until vLLM
+runs no request, and reads, each from its own source:
+
+- billed: the tenant's ``output_tokens`` in the gateway's ``GET /v1/usage`` (the ledger);
+- generated: vLLM's own ``vllm:generation_tokens_total`` (its ``/metrics``);
+- vLLM's ``vllm:request_success_total`` by finish reason (a ``length`` finish is a
+  generation that ran to ``max_tokens``);
+
+and prints the gap, per stream, and the billing-drift ratio the recording rule
+``stagelens:billing_drift:ratio_rate1h`` computes from those two counters
+((generated - billed) / generated: over one window the rates' common divisor cancels) with
+the alert's threshold. The README quotes its output.
+
+    nice .venv/bin/python benchmarks/disconnect_storm.py [--streams 50] [--max-tokens 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+DRIFT_ALERT = 0.05
+"""``StagelensBillingDrift`` fires above this absolute drift (alerts/stagelens-alerts.yaml)."""
+API_KEY = "sk-stagelens-demo"
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def _vllm(url: str | None) -> Iterator[tuple[str, str]]:
+    """(base URL, tokenizer directory) of a running vLLM: the given one, or a fresh tiny one."""
+    from stagelens.reference.tinymodel import ensure_tiny_model
+
+    model = str(ensure_tiny_model())
+    if url is not None:
+        yield url, model
+        return
+    from stagelens.reference.vllm_server import VllmServer
+
+    server = VllmServer(model=model, port=_port(), served_model_names=("tiny", "tiny-chat"))
+    server.start()
+    try:
+        server.wait_ready(timeout=900)
+        yield server.base_url, model
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def _gateway(vllm_url: str, model: str) -> Iterator[str]:
+    from stagelens.reference import create_app, demo_config
+
+    from stagelens.testing import capture_telemetry
+
+    config = demo_config(
+        [vllm_url], model, api_key=API_KEY, rate_limit_per_second=1000, rate_limit_burst=1000
+    )
+    with capture_telemetry() as capture:
+        app = create_app(config, telemetry=capture.telemetry)
+        port = _port()
+        server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.05)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+
+def _vllm_metrics(url: str) -> dict[str, float]:
+    """vLLM's generated tokens, running requests and finishes by reason (summed samples)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    out: dict[str, float] = {"generated": 0.0, "running": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:generation_tokens_total":
+                out["generated"] += sample.value
+            elif sample.name == "vllm:num_requests_running":
+                out["running"] += sample.value
+            elif sample.name == "vllm:request_success_total":
+                key = f"finished:{sample.labels.get('finished_reason', '?')}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def _billed(gateway: str) -> int:
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    return int(
+        httpx.get(f"{gateway}/v1/usage", headers=headers, timeout=10).json()["output_tokens"]
+    )
+
+
+async def _storm(gateway: str, streams: int, max_tokens: int, read: int) -> list[int]:
+    """``streams`` streamed requests at once; each client leaves after ``read`` content
+    events. Returns the events each read."""
+    headers = {"authorization": f"Bearer {API_KEY}"}
+
+    async def one(client: httpx.AsyncClient, i: int) -> int:
+        body = {
+            "model": "tiny",
+            "stream": True,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": f"storm {i}: tell a long story"}],
+        }
+        seen = 0
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and '"content"' in line:
+                    seen += 1
+                    if seen >= read:
+                        break  # leaving the block closes the connection mid-stream
+        return seen
+
+    limits = httpx.Limits(max_connections=streams)
+    async with httpx.AsyncClient(
+        base_url=gateway, headers=headers, timeout=120, limits=limits
+    ) as client:
+        return list(await asyncio.gather(*(one(client, i) for i in range(streams))))
+
+
+def _settled(url: str, timeout: float = 60.0) -> tuple[dict[str, float], float]:
+    """vLLM's readings once it runs nothing and two readings 0.5 s apart agree, and the
+    seconds until it ran nothing."""
+    t0 = time.monotonic()
+    idle_after: float | None = None
+    last = _vllm_metrics(url)
+    while True:
+        time.sleep(0.1)
+        now = _vllm_metrics(url)
+        if idle_after is None and now["running"] == 0:
+            idle_after = time.monotonic() - t0
+        if idle_after is not None and now == last and time.monotonic() - t0 > 1.0:
+            return now, idle_after
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"vLLM still busy after {timeout}s: {now}")
+        last = now
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--streams", type=int, default=50)
+    parser.add_argument("--max-tokens", type=int, default=1000)
+    parser.add_argument("--read", type=int, default=4, help="content events read per client")
+    parser.add_argument("--vllm-url", default=None)
+    args = parser.parse_args()
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _vllm(args.vllm_url) as (vllm_url, model),
+    ):
+        os.environ["STAGELENS_LEDGER_URL"] = f"sqlite://{Path(tmp) / 'ledger.sqlite3'}"
+        with _gateway(vllm_url, model) as gateway:
+            before, _ = _settled(vllm_url)
+            billed0 = _billed(gateway)
+            t0 = time.monotonic()
+            seen = asyncio.run(_storm(gateway, args.streams, args.max_tokens, args.read))
+            left = time.monotonic() - t0
+            after, idle = _settled(vllm_url)
+            time.sleep(1.0)  # the gateway's cleanups (billing the cut streams) are done
+            billed = _billed(gateway) - billed0
+    generated = after["generated"] - before["generated"]
+    finishes = {
+        k.split(":", 1)[1]: after[k] - before.get(k, 0.0)
+        for k in sorted(after)
+        if k.startswith("finished:") and after[k] - before.get(k, 0.0)
+    }
+    gap = generated - billed
+    drift = gap / generated if generated else 0.0
+    print(
+        f"streams: {args.streams}, max_tokens {args.max_tokens}, each client left after "
+        f"{args.read} content events (read {sum(seen)} in all; the storm took {left:.1f}s)"
+    )
+    print(f"vLLM ran no request {idle:.2f}s after the last client left")
+    print(f"vLLM finishes by reason: {finishes or 'none counted'}")
+    print(f"generated (vllm:generation_tokens_total): {generated:.0f}")
+    print(f"billed (GET /v1/usage output_tokens):     {billed}")
+    print(f"gap: {gap:.0f} tokens ({gap / args.streams:.1f} per stream, {drift:.1%} of generated)")
+    print(
+        f"billing drift as the recording rule computes it: {drift:.3f} "
+        f"(alert above {DRIFT_ALERT}: {'fires' if abs(drift) > DRIFT_ALERT else 'quiet'})"
+    )
+    ran_out = finishes.get("length", 0.0)
+    print(
+        f"generations that ran to max_tokens: {ran_out:.0f} (vLLM counts a request that "
+        f"ran to max_tokens as finished_reason=length; aborted ones it does not count); "
+        f"generated per stream {generated / args.streams:.1f} of {args.max_tokens} allowed"
+    )
+    return 0 if ran_out == 0 and generated < args.max_tokens * args.streams / 2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
