@@ -47,7 +47,7 @@ UPSTREAM = textwrap.dedent(
     from starlette.responses import StreamingResponse
     from starlette.routing import Route
 
-    USAGE = {"prompt_tokens": 300, "completion_tokens": 16, "total_tokens": 316,
+    USAGE = {"prompt_tokens": 300, "completion_tokens": CHUNKS, "total_tokens": 300 + CHUNKS,
              "prompt_tokens_details": {"cached_tokens": 128}}
     METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
 
@@ -59,9 +59,10 @@ UPSTREAM = textwrap.dedent(
                     {"index": 0, "delta": {"content": f"tok{i} "},
                      "finish_reason": "length" if i == CHUNKS - 1 else None}]}
                 yield f"data: {json.dumps(chunk)}\\n\\n"
-            final = {"id": "chatcmpl-1", "model": body["model"], "choices": [],
-                     "usage": USAGE, "metrics": METRICS}
-            yield f"data: {json.dumps(final)}\\n\\n"
+            if (body.get("stream_options") or {}).get("include_usage"):  # as vLLM
+                final = {"id": "chatcmpl-1", "model": body["model"], "choices": [],
+                         "usage": USAGE, "metrics": METRICS}
+                yield f"data: {json.dumps(final)}\\n\\n"
             yield "data: [DONE]\\n\\n"
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -91,6 +92,7 @@ PROXY = textwrap.dedent(
     from starlette.responses import StreamingResponse
 
     VARIANT = os.environ["BENCH_VARIANT"]
+    ASK_USAGE = not os.environ.get("BENCH_NO_USAGE")
     UPSTREAM = os.environ["BENCH_UPSTREAM"]
     client = httpx.AsyncClient(base_url=UPSTREAM, timeout=30)
     app = FastAPI()
@@ -129,6 +131,8 @@ PROXY = textwrap.dedent(
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         body = await request.json()
+        if ASK_USAGE:  # as a gateway that bills does (the upstream sends it only if asked)
+            body["stream_options"] = {"include_usage": True}
         with stage(Stage.TOKENIZER):
             n = len(str(body.get("messages")))
         with stage(Stage.ROUTER):

@@ -18,12 +18,21 @@ start-up and shutdown cancelled out. All threads count: the ``stagelens`` varian
 its export worker encoding and POSTing spans (in full batches of 512, as at real speed).
 
     .venv/bin/python benchmarks/overhead_instructions.py [--variants bare,floor,metrics,stagelens]
-        [--small 30] [--large 230] [--events 16]
+        [--small 30] [--large 230] [--events 16] [--long-small 4] [--long-large 14]
 
-``--events N`` makes the upstream stream N content events per answer (then its usage
-event and ``[DONE]``): the difference between two event counts, divided by the events'
-difference, is the cost of one streamed event (``--events 16`` and ``--events 1000
---small 4 --large 14`` take about the same time).
+The proxy asks for the usage event (``stream_options.include_usage``), as a gateway that
+bills does; the upstream, like vLLM, sends it only when asked. ``--no-usage``: the proxy
+does not ask, so stagelens asks for it itself and removes the event from what the proxy
+reads (what that costs).
+
+``--events`` gives the content events the upstream streams per answer (then its usage event
+and ``[DONE]``). With two counts (``--events 16,1000``) each variant is counted at both,
+the longer streams serving ``--long-small`` and ``--long-large`` requests (as long to run),
+and the slope, (instructions at 1000 - at 16) / 984, is printed per variant: what one more
+streamed event costs. stagelens' share of it is the slope minus bare's (the proxy relaying
+the event itself). Instructions become microseconds at this machine's rate, measured by
+running the bare proxy natively and reading its CPU time per request (an estimate: the
+instrumentation's instructions are taken to run at the bare proxy's speed).
 
 Needs ``valgrind`` (Debian package); a run takes ~3 minutes on 2 cores.
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
 import shutil
 import subprocess
@@ -44,7 +54,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import free_port, one, proxy_env, serve, wait_up, write_programs
+from overhead import cpu_seconds, free_port, one, proxy_env, serve, wait_up, write_programs
 
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -89,51 +99,120 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     return int(found.group(1).replace(",", ""))
 
 
+def _per_request(
+    work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int
+) -> dict[str, float]:
+    """Instructions per request of each variant: two runs, ``runs`` requests each, one
+    valgrind per core."""
+    small, large = runs
+    jobs = [(v, n) for v in variants for n in runs]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = dict(
+            zip(jobs, pool.map(lambda j: _count(work, j[0], j[1], up, sink), jobs), strict=True)
+        )
+    return {v: (counts[(v, large)] - counts[(v, small)]) / (large - small) for v in variants}
+
+
+def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int, int]) -> float:
+    """CPU seconds per request of the bare proxy running natively (``/proc`` CPU time of
+    two runs of ``runs`` requests, start-up cancelled out as for the instructions)."""
+    used = []
+    for requests in runs:
+        port = free_port()
+        env = {**proxy_env("bare", up, sink), "PYTHONHASHSEED": "0"}
+        proc = serve(work, "bench_proxy", port, env)
+        try:
+            wait_up(f"http://127.0.0.1:{port}/docs")
+
+            async def drive(n: int = requests, at: int = port) -> None:
+                async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{at}", timeout=60) as c:
+                    for _ in range(n):
+                        await one(c)
+
+            asyncio.run(drive())
+            used.append(cpu_seconds(proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return (used[1] - used[0]) / (runs[1] - runs[0])
+
+
+def _table(per_request: dict[str, float]) -> None:
+    base = per_request.get("bare")
+    for variant, n in per_request.items():
+        versus = f"{n / base:8.3f} {base / n:16.3f}" if base else ""
+        print(f"{variant:10s} {n / 1e6:9.3f}M {versus}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="bare,floor,metrics,stagelens")
     parser.add_argument("--small", type=int, default=30)
     parser.add_argument("--large", type=int, default=230)
-    parser.add_argument("--events", type=int, default=16, help="content events per answer")
+    parser.add_argument("--events", default="16", help="content events per answer: N or N,M")
+    parser.add_argument("--long-small", type=int, default=4)
+    parser.add_argument("--long-large", type=int, default=14)
+    parser.add_argument(
+        "--no-usage",
+        action="store_true",
+        help="the proxy does not ask for usage: stagelens asks for it and strips the event",
+    )
     args = parser.parse_args()
+    if args.no_usage:
+        os.environ["BENCH_NO_USAGE"] = "1"  # read by the proxy programs (serve passes it on)
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
-    if args.large <= args.small:
-        raise SystemExit("--large must exceed --small")
+    events = sorted({int(e) for e in args.events.split(",") if e})
+    if args.large <= args.small or args.long_large <= args.long_small or len(events) > 2:
+        raise SystemExit(
+            "--large must exceed --small (and --long-large --long-small); "
+            "--events takes one or two counts"
+        )
     variants = [v for v in args.variants.split(",") if v]
-    work = write_programs(Path(tempfile.mkdtemp(prefix="stagelens-instr-")), args.events)
-    up_port, sink_port = free_port(), free_port()
-    servers = [serve(work, "bench_upstream", up_port, {}), serve(work, "bench_sink", sink_port, {})]
-    per_request: dict[str, float] = {}
+    sink_port = free_port()
+    root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
+    servers = []
+    results: dict[int, dict[str, float]] = {}
+    started = time.monotonic()
     try:
-        wait_up(f"http://127.0.0.1:{up_port}/")
+        work = write_programs(root, events[0])  # the sink (and the proxy) are the same for all
+        servers.append(serve(work, "bench_sink", sink_port, {}))
         wait_up(f"http://127.0.0.1:{sink_port}/")
-        jobs = [(v, n) for v in variants for n in (args.small, args.large)]
-        started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=2) as pool:  # one valgrind per core
-            counts = dict(
-                zip(
-                    jobs,
-                    pool.map(lambda j: _count(work, j[0], j[1], up_port, sink_port), jobs),
-                    strict=True,
+        seconds_per_instruction = 0.0
+        for i, n in enumerate(events):
+            work_n = work
+            if i:
+                (root / f"events-{n}").mkdir()
+                work_n = write_programs(root / f"events-{n}", n)
+            up_port = free_port()
+            servers.append(serve(work_n, "bench_upstream", up_port, {}))
+            wait_up(f"http://127.0.0.1:{up_port}/")
+            runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
+            results[n] = _per_request(work_n, variants, runs, up_port, sink_port)
+            print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")
+            print(f"{'variant':10s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
+            _table(results[n])
+            if i == 0 and len(events) == 2 and "bare" in variants:
+                native = _native_seconds_per_request(work_n, up_port, sink_port, (200, 2000))
+                seconds_per_instruction = native / results[n]["bare"]
+                print(
+                    f"(bare natively: {native * 1e6:.0f} us CPU per request, "
+                    f"{seconds_per_instruction * 1e9:.3f} ns per instruction)"
                 )
-            )
-        for variant in variants:
-            small, large = counts[(variant, args.small)], counts[(variant, args.large)]
-            per_request[variant] = (large - small) / (args.large - args.small)
-            print(f"{variant:10s} {per_request[variant] / 1e6:7.3f} M instructions per request")
-        print(f"({args.events} content events per answer)")
-        print(f"({len(jobs)} valgrind runs in {time.monotonic() - started:.0f} s)")
+        print(f"({time.monotonic() - started:.0f} s)")
     finally:
         for p in servers:
             p.terminate()
             p.wait(10)
-    base = per_request.get("bare")
-    if base:
-        print()
-        print(f"{'variant':10s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
-        for variant, n in per_request.items():
-            print(f"{variant:10s} {n / 1e6:9.3f}M {n / base:8.3f} {base / n:16.3f}")
+    if len(events) == 2:
+        short, long = events
+        print(f"\nper streamed event (slope {short} -> {long} events)")
+        print(f"{'variant':10s} {'instr':>10s} {'us':>8s} {'stagelens instr':>16s} {'us':>8s}")
+        slopes = {v: (results[long][v] - results[short][v]) / (long - short) for v in variants}
+        for variant, slope in slopes.items():
+            added = slope - slopes.get("bare", 0.0)
+            us = seconds_per_instruction * 1e6
+            print(f"{variant:10s} {slope:10.0f} {slope * us:8.2f} {added:16.0f} {added * us:8.2f}")
 
 
 if __name__ == "__main__":

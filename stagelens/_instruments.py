@@ -188,7 +188,7 @@ class Instruments:
         self.ttft = ChildCache(
             Histogram(
                 sc.TIME_TO_FIRST_TOKEN,
-                "Gateway receipt to first content token sent to the client.",
+                "Gateway receipt to the first body carrying generated output sent to the client.",
                 [sc.LABEL_MODEL],
                 buckets=ttft_buckets(settings.ttft_slo_threshold_seconds),
                 registry=r,
@@ -197,7 +197,7 @@ class Instruments:
         self.itl = ChildCache(
             Histogram(
                 sc.INTER_TOKEN_LATENCY,
-                "Gap between consecutive streamed tokens.",
+                "Gap between consecutive output-bearing streamed events of one choice.",
                 [sc.LABEL_MODEL],
                 buckets=INTER_TOKEN_LATENCY_BUCKETS,
                 registry=r,

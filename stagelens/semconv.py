@@ -36,7 +36,8 @@ ATTR_TENANT: Final = "stagelens.tenant"
 ATTR_REJECTED_BY: Final = "stagelens.rejected_by"
 """On the root span: the stage that rejected the request (4xx/5xx answered by us)."""
 ATTR_TTFT: Final = "stagelens.time_to_first_token"
-"""On the root span: seconds from gateway receipt to the first content byte sent."""
+"""On the root span: seconds from gateway receipt to the first token sent to the client (as
+``stagelens_time_to_first_token_seconds``: the first body carrying generated output)."""
 ATTR_COST_USD: Final = "stagelens.cost_usd"
 """On the billing span: the request's cost from the price table, in USD."""
 ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
@@ -178,11 +179,25 @@ STAGE_DURATION: Final = "stagelens_stage_duration_seconds"
 REQUEST_DURATION: Final = "stagelens_request_duration_seconds"
 """Histogram {model, code}: gateway receipt to last byte sent."""
 TIME_TO_FIRST_TOKEN: Final = "stagelens_time_to_first_token_seconds"
-"""Histogram {model}: gateway receipt to first content token sent to the client."""
+"""Histogram {model}: gateway receipt to the first body sent to the client that carries
+generated output (content text, a tool-call delta, reasoning text, a completion's text; never
+a role-only chunk, an SSE comment or keep-alive, an error or a usage-only event): the first
+body sent after the upstream's first output-bearing event arrived, however the app frames
+it. For a non-streamed answer, the whole response: the first body byte, sent once the whole
+answer arrived (its generation included; the ``ttft`` SLI counts streamed requests only).
+Only requests that made an inference call record it."""
 INTER_TOKEN_LATENCY: Final = "stagelens_inter_token_latency_seconds"
-"""Histogram {model}: gap between consecutive streamed tokens."""
+"""Histogram {model}: gap between consecutive output-bearing SSE events of one choice, as
+sent to the client: one sample per event, however the network coalesced them (events read
+together give gaps of ~0). With ``n`` > 1 each choice has its own gaps: a request records
+``n * (events per choice - 1)`` samples, never the gap between one choice's event and
+another's. Streamed requests only."""
 ENGINE_PHASE_DURATION: Final = "stagelens_engine_phase_duration_seconds"
-"""Histogram {phase, model}: the engine's own per-request timings."""
+"""Histogram {phase, model}: the engine's own per-request timings. How they relate to the
+gateway's time to first token: ``queue`` + ``prefill`` (queued to scheduled to first token,
+on the engine's clock) <= the upstream time to first token (inference stage start to the
+first output event received) <= the gateway's time to first token (receipt to first token
+sent); ``decode`` comes after the first token and is never part of it."""
 REQUESTS: Final = "stagelens_requests_total"
 """Counter {model, code}: finished requests, any outcome."""
 TOKENS: Final = "stagelens_tokens_total"
