@@ -51,7 +51,7 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
                 description='Billed: the gateway\'s stagelens_tokens_total{type="output"} per '
                 "public model name (all tenants). Generated: the engines' "
                 "vllm:generation_tokens_total per vLLM model (its first served name: aliases "
-                "show under it), finished requests only (aborted ones are missing there).",
+                "show under it), aborted requests' tokens included.",
             )
         )
         .with_panel(
@@ -62,8 +62,10 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
                 threshold_lines=((None, "red"), (-drift, "green"), (drift, "red")),
                 description="(generated - billed) / generated output tokens over 1h, all models "
                 "together (one vLLM model may serve several public names). Above "
-                f"{drift:g}: tokens generated that nobody paid for (calls past the gateway); "
-                f"below -{drift:g}: billed tokens the engines' counters miss (aborted streams). "
+                f"{drift:g}: tokens generated that nobody paid for (calls past the gateway, or "
+                "tokens generated after their client left); "
+                f"below -{drift:g}: billed tokens the engines never counted (estimated cut "
+                "streams). "
                 "StagelensBillingDrift opens a ticket beyond either line.",
             )
         )

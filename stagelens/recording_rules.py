@@ -97,8 +97,9 @@ BILLED_TOKENS_RECORD: Final = f"stagelens:billed_output_tokens:rate{BILLING_WIND
 GENERATED_TOKENS_RECORD: Final = f"stagelens:generated_output_tokens:rate{BILLING_WINDOW}"
 BILLING_DRIFT_RECORD: Final = f"stagelens:billing_drift:ratio_rate{BILLING_WINDOW}"
 """(generated - billed) / generated output tokens per (cluster, namespace): > 0 means tokens
-the engines generated that nobody was billed for (calls that bypassed the gateway); < 0
-billed tokens vLLM's counter lacks (it counts finished requests, not aborted ones)."""
+the engines generated that nobody was billed for (calls that bypassed the gateway, tokens
+generated after a client left and before the abort took effect: vLLM's counter includes
+aborted requests); < 0 billed tokens the engines never counted (estimated cut streams)."""
 
 
 def kv_queries_record(window: str) -> str:

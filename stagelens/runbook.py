@@ -230,8 +230,11 @@ def _cost_entries(cfg: SloConfig) -> list[Entry]:
                 f"generated (at least {cfg.billing_drift_min_tokens} generated tokens an hour), "
                 "all models of the environment together (one vLLM model may serve several "
                 "public names; vLLM labels them all with its first). Positive: tokens generated "
-                "that nobody was billed for. Negative: billed tokens vLLM's counter does not "
-                "have (it counts finished requests, not aborted ones)."
+                "that nobody was billed for: calls that bypassed the gateway, or the tokens vLLM "
+                "generates after a client left and before the abort takes effect (its counter "
+                "counts aborted requests' tokens; measured about 3 per aborted stream). "
+                "Negative: billed tokens the engines never counted (cut streams billed from an "
+                "estimate, or an engine's counter lost with a restart between scrapes)."
             ),
             impact="Revenue or trust: invoices do not match the work done.",
             promql=(
@@ -249,8 +252,10 @@ def _cost_entries(cfg: SloConfig) -> list[Entry]:
             actions=(
                 "Positive drift: find clients calling vLLM directly (bypassing the gateway) in "
                 "vLLM's access logs; close that path.",
-                "Negative drift: count disconnected streams (trace query above); the expected "
-                "gap per abort is in the README's billing section.",
+                "Positive drift with many disconnects: count disconnected streams (trace query "
+                "above); the expected gap per abort is in the README's billing section.",
+                f'Negative drift: check {sc.UNMETERED_REQUESTS}{{billing="estimated"}} '
+                "(cut streams billed from an estimate) and vLLM restarts.",
             ),
         ),
     ]
