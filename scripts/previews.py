@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import uvicorn  # noqa: E402
-from stagelens.reference import GatewayConfig, create_app  # noqa: E402
+from stagelens.reference import GatewayConfig, create_app, metrics_app  # noqa: E402
 from stagelens.reference.tinymodel import ensure_tiny_model  # noqa: E402
 from stagelens.reference.vllm_server import VllmServer  # noqa: E402
 
@@ -46,6 +46,23 @@ BUDGETS_USD = {"acme": 40.0, "globex": 15.0, "initech": 4.0}
 """Daily caps sized to this traffic (tiny prices, a few requests a second): acme spends well
 inside its cap, initech near it."""
 SHARE = {"sk-acme": 0.5, "sk-globex": 0.3, "sk-initech": 0.2}
+
+
+_GPU_EXPORTER = """
+import sys, time
+from prometheus_client import CollectorRegistry, start_http_server
+from stagelens.exporters.nvml import register_gpu_collector
+from tests.exporters import fake_nvml
+
+fake_nvml.configure([fake_nvml.FakeGpu(uuid="GPU-preview-0")])
+registry = CollectorRegistry()
+register_gpu_collector(registry, fake_nvml, interval_s=1.0, cost_usd_per_hour=2.5)
+start_http_server(int(sys.argv[1]), addr="127.0.0.1", registry=registry)
+while True:
+    time.sleep(3600)
+"""
+"""The GPU exporter on the NVML test fake (this machine has no GPU): the collector
+``stagelens gpu-exporter`` serves, handed the fake module instead of pynvml."""
 
 
 def _port() -> int:
@@ -99,23 +116,10 @@ def main() -> int:
     gpu_port, gateway_port = _port(), _port()
     env = {
         **os.environ,
-        "STAGELENS_NVML_MODULE": "tests.exporters.fake_nvml",
-        "STAGELENS_GPU_COST_USD_PER_HOUR": "2.5",
         "PYTHONPATH": str(ROOT),
     }
     exporter = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stagelens.cli",
-            "gpu-exporter",
-            "--port",
-            str(gpu_port),
-            "--interval",
-            "1",
-        ],
-        env=env,
-        cwd=ROOT,
+        [sys.executable, "-c", _GPU_EXPORTER, str(gpu_port)], env=env, cwd=ROOT
     )
     vllm.start()
     try:
@@ -137,9 +141,17 @@ def main() -> int:
             tenants=tuple(TENANTS.values()),
         )
         app = create_app(config, telemetry=telemetry)
-        server = uvicorn.Server(uvicorn.Config(app, port=gateway_port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
+        # The gateway serves /metrics on an internal port of its own, never on the API's.
+        metrics_port = _port()
+        servers = [
+            uvicorn.Server(uvicorn.Config(app, port=gateway_port, log_level="warning")),
+            uvicorn.Server(
+                uvicorn.Config(metrics_app(app), port=metrics_port, log_level="warning")
+            ),
+        ]
+        threads = [threading.Thread(target=s.run, daemon=True) for s in servers]
+        for thread in threads:
+            thread.start()
         with tempfile.TemporaryDirectory() as tmp:
             cfg = SloConfig()
             rules = Path(tmp) / "rules.yaml"
@@ -147,7 +159,7 @@ def main() -> int:
             alerts = Path(tmp) / "alerts.yaml"
             alerts.write_text(dump_yaml(render_alerts(cfg)))
             targets = {
-                "stagelens-gateway": f"127.0.0.1:{gateway_port}",
+                "stagelens-gateway": f"127.0.0.1:{metrics_port}",
                 "vllm": f"127.0.0.1:{vllm.port}",
                 "gpu": f"127.0.0.1:{gpu_port}",
             }
@@ -160,8 +172,10 @@ def main() -> int:
                 print(f"{sent} requests over {minutes:.1f} minutes")
                 for path in render_previews(prom.prometheus_url, args.out, minutes=minutes):
                     print(path)
-        server.should_exit = True
-        thread.join(timeout=10)
+        for server in servers:
+            server.should_exit = True
+        for thread in threads:
+            thread.join(timeout=10)
     finally:
         vllm.stop()
         exporter.terminate()
