@@ -17,7 +17,14 @@ and prints the gap, per stream, and the billing-drift ratio the recording rule
 ((generated - billed) / generated: over one window the rates' common divisor cancels) with
 the alert's threshold. The README quotes its output.
 
+With ``--prometheus``, Debian's Prometheus runs the generated recording rules, scraping the
+gateway's internal metrics port and vLLM every second; a few whole requests first give every
+series its first sample (a counter's first scrape is its baseline), and the rule's own
+``stagelens:billing_drift:ratio_rate1h`` is read before and after the storm and set beside
+the drift expected from the counters over the same span.
+
     nice .venv/bin/python benchmarks/disconnect_storm.py [--streams 50] [--max-tokens 1000]
+        [--prometheus]
 """
 
 from __future__ import annotations
@@ -27,15 +34,19 @@ import asyncio
 import contextlib
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DRIFT_ALERT = 0.05
 """``StagelensBillingDrift`` fires above this absolute drift (alerts/stagelens-alerts.yaml)."""
@@ -69,8 +80,9 @@ def _vllm(url: str | None) -> Iterator[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def _gateway(vllm_url: str, model: str) -> Iterator[str]:
-    from stagelens.reference import create_app, demo_config
+def _gateway(vllm_url: str, model: str) -> Iterator[tuple[str, str]]:
+    """(API URL, internal metrics address) of the reference gateway, served in threads."""
+    from stagelens.reference import create_app, demo_config, metrics_app
 
     from stagelens.testing import capture_telemetry
 
@@ -79,17 +91,25 @@ def _gateway(vllm_url: str, model: str) -> Iterator[str]:
     )
     with capture_telemetry() as capture:
         app = create_app(config, telemetry=capture.telemetry)
-        port = _port()
-        server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        while not server.started:
+        port, metrics_port = _port(), _port()
+        servers = [
+            uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning")),
+            uvicorn.Server(
+                uvicorn.Config(metrics_app(app), port=metrics_port, log_level="warning")
+            ),
+        ]
+        threads = [threading.Thread(target=s.run, daemon=True) for s in servers]
+        for thread in threads:
+            thread.start()
+        while not all(s.started for s in servers):
             time.sleep(0.05)
         try:
-            yield f"http://127.0.0.1:{port}"
+            yield f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"
         finally:
-            server.should_exit = True
-            thread.join(timeout=10)
+            for server in servers:
+                server.should_exit = True
+            for thread in threads:
+                thread.join(timeout=10)
 
 
 def _vllm_metrics(url: str) -> dict[str, float]:
@@ -144,6 +164,45 @@ async def _storm(gateway: str, streams: int, max_tokens: int, read: int) -> list
         return list(await asyncio.gather(*(one(client, i) for i in range(streams))))
 
 
+async def _whole(gateway: str, count: int) -> None:
+    """``count`` whole streamed answers (billed in full): every series gets its first sample."""
+    headers = {"authorization": f"Bearer {API_KEY}"}
+    async with httpx.AsyncClient(base_url=gateway, headers=headers, timeout=120) as client:
+        for i in range(count):
+            body = {
+                "model": "tiny",
+                "stream": True,
+                "max_tokens": 16,
+                "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"warm-up {i}"}],
+            }
+            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for _ in r.aiter_raw():
+                    pass
+
+
+@contextlib.contextmanager
+def _prometheus(gateway_metrics: str, vllm_url: str, tmp: Path) -> Iterator[Any]:
+    """Prometheus with the generated recording rules scraping the gateway and vLLM."""
+    sys.path.insert(0, str(ROOT))
+    from stagelens.alert_rules import dump_yaml
+    from stagelens.recording_rules import render_rules
+    from stagelens.slo import SloConfig
+    from tests._promstack import prom_stack
+
+    rules = tmp / "rules.yaml"
+    rules.write_text(dump_yaml(render_rules(SloConfig())))
+    targets = {"stagelens-gateway": gateway_metrics, "vllm": vllm_url.split("//", 1)[1]}
+    with prom_stack((_port(), _port(), _port()), targets, [rules], "http://127.0.0.1:9/") as p:
+        yield p
+
+
+def _rule(prom: Any, record: str) -> float | None:
+    """The recording rule's current value (summed over its series), None before it has one."""
+    result = prom.query(f"sum({record})")
+    return float(result[0]["value"][1]) if result else None
+
+
 def _settled(url: str, timeout: float = 60.0) -> tuple[dict[str, float], float]:
     """vLLM's readings once it runs nothing and two readings 0.5 s apart agree, and the
     seconds until it ran nothing."""
@@ -168,13 +227,31 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=1000)
     parser.add_argument("--read", type=int, default=4, help="content events read per client")
     parser.add_argument("--vllm-url", default=None)
+    parser.add_argument(
+        "--prometheus", action="store_true", help="read the recording rule on real Prometheus"
+    )
     args = parser.parse_args()
+    rule: dict[str, float | None] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         _vllm(args.vllm_url) as (vllm_url, model),
     ):
         os.environ["STAGELENS_LEDGER_URL"] = f"sqlite://{Path(tmp) / 'ledger.sqlite3'}"
-        with _gateway(vllm_url, model) as gateway:
+        with (
+            _gateway(vllm_url, model) as (gateway, gateway_metrics),
+            contextlib.ExitStack() as stack,
+        ):
+            prom = None
+            if args.prometheus:
+                prom = stack.enter_context(_prometheus(gateway_metrics, vllm_url, Path(tmp)))
+                start, _ = _settled(vllm_url)
+                asyncio.run(_whole(gateway, 5))
+                warm, _ = _settled(vllm_url)
+                rule["warm_generated"] = warm["generated"] - start["generated"]
+                deadline = time.monotonic() + 60  # scraped twice, the rules evaluated
+                while rule.get("before") is None and time.monotonic() < deadline:
+                    time.sleep(1)
+                    rule["before"] = _rule(prom, "stagelens:billing_drift:ratio_rate1h")
             before, _ = _settled(vllm_url)
             billed0 = _billed(gateway)
             t0 = time.monotonic()
@@ -183,6 +260,9 @@ def main() -> int:
             after, idle = _settled(vllm_url)
             time.sleep(1.0)  # the gateway's cleanups (billing the cut streams) are done
             billed = _billed(gateway) - billed0
+            if prom is not None:
+                time.sleep(5)
+                rule["after"] = _rule(prom, "stagelens:billing_drift:ratio_rate1h")
     generated = after["generated"] - before["generated"]
     finishes = {
         k.split(":", 1)[1]: after[k] - before.get(k, 0.0)
@@ -204,6 +284,16 @@ def main() -> int:
         f"billing drift as the recording rule computes it: {drift:.3f} "
         f"(alert above {DRIFT_ALERT}: {'fires' if abs(drift) > DRIFT_ALERT else 'quiet'})"
     )
+    if args.prometheus:
+        warm_generated = rule["warm_generated"] or 0.0
+        with_warm_up = gap / (generated + warm_generated)  # the warm-up was billed in full
+        print(
+            f"recording rule stagelens:billing_drift:ratio_rate1h on Prometheus: before the "
+            f"storm {rule['before']}, after {rule['after']}; from the counters: the storm "
+            f"alone {drift:.3f}, with the warm-up's {warm_generated:.0f} tokens (billed in "
+            f"full) {with_warm_up:.3f}. The warm-up's counts precede the series' first "
+            f"scrapes (their baselines), so the rule's window holds the storm alone"
+        )
     ran_out = finishes.get("length", 0.0)
     print(
         f"generations that ran to max_tokens: {ran_out:.0f} (vLLM counts a request that "
