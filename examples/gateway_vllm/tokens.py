@@ -140,6 +140,11 @@ class TokenCounter:
         self._tokenizer = transformers.AutoTokenizer.from_pretrained(source)
         # We count prompts of any length ourselves; silence the "longer than max" warning.
         self._tokenizer.model_max_length = 10**9
+        # Counting goes straight to the Rust tokenizer (see _count), which transformers
+        # would set to no truncation and no padding before each call: set once here.
+        self._backend = self._tokenizer.backend_tokenizer
+        self._backend.no_truncation()
+        self._backend.no_padding()
         self.content_format = content_format
         template = self._tokenizer.chat_template
         self._developer = isinstance(template, str) and (
@@ -161,11 +166,10 @@ class TokenCounter:
         kwargs["add_generation_prompt"] = req.add_generation_prompt is not False
         kwargs["continue_final_message"] = bool(req.continue_final_message)
         try:
-            ids = self._tokenizer.apply_chat_template(
+            text = self._tokenizer.apply_chat_template(
                 self.conversation(req.messages),
                 tools=tool_dicts(req.tools),
-                tokenize=True,
-                return_dict=False,
+                tokenize=False,
                 **kwargs,
             )
         except Exception as exc:  # the template refused these messages or arguments
@@ -175,20 +179,34 @@ class TokenCounter:
                 param="messages",
                 code="invalid_request",
             ) from exc
-        return len(ids)
+        # What transformers' tokenize=True does: the rendered text, no special tokens added.
+        return self._count(text, special=False)
 
     def count_prompt(self, prompt: str | list[int]) -> int:
         """Tokens of one completions or embeddings input: text tokenized with the special
         tokens vLLM adds, token ids as they are."""
         if isinstance(prompt, list):
             return len(prompt)
-        return len(self._tokenizer(prompt)["input_ids"])
+        return self._count(prompt, special=True)
 
     def count_generated(self, text: str) -> int:
         """Tokens in generated ``text`` (no special tokens added). Re-tokenizing decoded
         text can differ from the engine's own ids by a token or so at odd byte boundaries;
         it is used only when the engine's usage never arrived (stream cut short)."""
-        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._count(text, special=False)
+
+    def _count(self, text: str, *, special: bool) -> int:
+        """Tokens in ``text`` (with the special tokens the post-processor adds if
+        ``special``), as transformers' ``tokenizer(text)`` counts them.
+
+        Why not through transformers: the Rust tokenizer's ``encode_batch`` releases the
+        GIL while it works (``encode`` does not), but transformers then copies every id
+        into Python lists (ids, attention mask), which holds the GIL for as long (a 4 MiB
+        prompt: ~1.4 M tokens, tens of ms per list, and as long again to free them). The
+        ``Encoding``'s length needs no copy. Freeing it still holds the GIL (~25 ms for a
+        ~1 MB prompt, ~110 ms for 4 MiB): ``benchmarks/loop_stall.py`` measures it."""
+        (encoding,) = self._backend.encode_batch([text], add_special_tokens=special)
+        return len(encoding)
 
 
 class OffLoop:
