@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import contextlib
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -46,37 +45,14 @@ import httpx
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _vllm_stack import free_port, tiny_vllm
+
 ROOT = Path(__file__).resolve().parents[1]
 
 DRIFT_ALERT = 0.05
 """``StagelensBillingDrift`` fires above this absolute drift (alerts/stagelens-alerts.yaml)."""
 API_KEY = "sk-stagelens-demo"
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _vllm(url: str | None) -> Iterator[tuple[str, str]]:
-    """(base URL, tokenizer directory) of a running vLLM: the given one, or a fresh tiny one."""
-    from stagelens.reference.tinymodel import ensure_tiny_model
-
-    model = str(ensure_tiny_model())
-    if url is not None:
-        yield url, model
-        return
-    from stagelens.reference.vllm_server import VllmServer
-
-    server = VllmServer(model=model, port=_port(), served_model_names=("tiny", "tiny-chat"))
-    server.start()
-    try:
-        server.wait_ready(timeout=900)
-        yield server.base_url, model
-    finally:
-        server.stop()
 
 
 @contextlib.contextmanager
@@ -91,7 +67,7 @@ def _gateway(vllm_url: str, model: str) -> Iterator[tuple[str, str]]:
     )
     with capture_telemetry() as capture:
         app = create_app(config, telemetry=capture.telemetry)
-        port, metrics_port = _port(), _port()
+        port, metrics_port = free_port(), free_port()
         servers = [
             uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning")),
             uvicorn.Server(
@@ -193,7 +169,9 @@ def _prometheus(gateway_metrics: str, vllm_url: str, tmp: Path) -> Iterator[Any]
     rules = tmp / "rules.yaml"
     rules.write_text(dump_yaml(render_rules(SloConfig())))
     targets = {"stagelens-gateway": gateway_metrics, "vllm": vllm_url.split("//", 1)[1]}
-    with prom_stack((_port(), _port(), _port()), targets, [rules], "http://127.0.0.1:9/") as p:
+    with prom_stack(
+        (free_port(), free_port(), free_port()), targets, [rules], "http://127.0.0.1:9/"
+    ) as p:
         yield p
 
 
@@ -234,7 +212,7 @@ def main() -> int:
     rule: dict[str, float | None] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        _vllm(args.vllm_url) as (vllm_url, model),
+        tiny_vllm(args.vllm_url) as (vllm_url, model),
     ):
         os.environ["STAGELENS_LEDGER_URL"] = f"sqlite://{Path(tmp) / 'ledger.sqlite3'}"
         with (

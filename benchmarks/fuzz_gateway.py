@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,9 @@ from tests._fuzz import (  # noqa: E402
     hostile,
 )
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _vllm_stack import free_port, tiny_vllm  # noqa: E402
+
 PROBE_SECONDS = 0.005
 """The loop-lag probe's sleep: it wakes up late by as long as the loop was busy."""
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -64,12 +66,6 @@ STALL_LIMIT = 0.050
 API_KEY = "sk-stagelens-demo"
 PAD = "@pad@"
 """Stands for the padding of an oversized body until it is sent (not held in memory)."""
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- the gateway process ------------------------------------------------------------------
@@ -158,7 +154,7 @@ def _gateway(vllm_url: str, model: str, workdir: Path) -> Iterator[tuple[str, Pa
         rate_limit_burst=100_000,
         max_body_bytes=MAX_BODY_BYTES,
     )
-    port = _port()
+    port = free_port()
     report = workdir / "loop-lag.json"
     env = {
         **os.environ,
@@ -181,26 +177,6 @@ def _gateway(vllm_url: str, model: str, workdir: Path) -> Iterator[tuple[str, Pa
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-
-
-@contextlib.contextmanager
-def _vllm(url: str | None) -> Iterator[tuple[str, str]]:
-    """(base URL, tokenizer directory) of a running vLLM: the given one, or a fresh tiny one."""
-    from stagelens.reference.tinymodel import ensure_tiny_model
-
-    model = str(ensure_tiny_model())
-    if url is not None:
-        yield url, model
-        return
-    from stagelens.reference.vllm_server import VllmServer
-
-    server = VllmServer(model=model, port=_port(), served_model_names=("tiny", "tiny-chat"))
-    server.start()
-    try:
-        server.wait_ready(timeout=900)
-        yield server.base_url, model
-    finally:
-        server.stop()
 
 
 # -- the cases ------------------------------------------------------------------------------
@@ -301,7 +277,7 @@ def main() -> int:
     print(f"drew {len(cases)} cases in {time.monotonic() - t0:.1f}s", flush=True)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        _vllm(args.vllm_url) as (vllm_url, model),
+        tiny_vllm(args.vllm_url) as (vllm_url, model),
     ):
         with _gateway(vllm_url, model, Path(tmp)) as (url, report):
             t0 = time.monotonic()

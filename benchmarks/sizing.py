@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import socket
+import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,36 +33,13 @@ from stagelens.reference.config import DEMO_API_KEY
 
 from stagelens.testing import capture_telemetry
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _vllm_stack import free_port, tiny_vllm
+
 RATE = 1000
 """Requests per second the printed estimate is for."""
 SCRAPE_SECONDS = 15
 """Scrape interval of the printed estimate (the generated monitors use 15s)."""
-
-
-def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def _vllm(url: str | None) -> Iterator[tuple[str, str]]:
-    """(base URL, tokenizer directory) of a running vLLM: the given one, or a fresh tiny one."""
-    from stagelens.reference.tinymodel import ensure_tiny_model
-
-    model = str(ensure_tiny_model())
-    if url is not None:
-        yield url, model
-        return
-    from stagelens.reference.vllm_server import VllmServer
-
-    server = VllmServer(model=model, port=_port(), served_model_names=("tiny", "tiny-chat"))
-    server.start()
-    try:
-        server.wait_ready(timeout=900)
-        yield server.base_url, model
-    finally:
-        server.stop()
 
 
 async def _traffic(url: str, n: int) -> int:
@@ -114,9 +90,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--vllm-url", default=None)
     args = parser.parse_args()
-    with _vllm(args.vllm_url) as (vllm_url, model), capture_telemetry() as capture:
+    with tiny_vllm(args.vllm_url) as (vllm_url, model), capture_telemetry() as capture:
         app = create_app(demo_config([vllm_url], model), telemetry=capture.telemetry)
-        port = _port()
+        port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
