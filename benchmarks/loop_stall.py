@@ -2,7 +2,8 @@
 
 No vLLM, no HTTP: the gateway's own steps for a body over ``OFF_LOOP_BYTES``, run as it runs
 them (``parse`` on a worker thread, then ``count_chat`` through ``OffLoop`` on its worker
-thread with the tiny model's tokenizer), while a probe task on the event loop sleeps 5 ms at
+thread with the tiny model's tokenizer, the rendered text over ``BIG_TEXT_CHARS`` counted in
+its token counting process), while a probe task on the event loop sleeps 5 ms at
 a time and records how late it wakes up (the loop-lag probe of ``fuzz_gateway.py``). A
 stall is waiting: the worker holding the GIL, or the machine giving the process no CPU. So
 each interval also reads the process's CPU time, and the figure that matters is the worst
@@ -36,8 +37,26 @@ PROBE_SECONDS = 0.005
 STALL_LIMIT = 0.050
 """The worst stall the issue allows (seconds)."""
 WORDS = [
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as",
-    "by", "at", "from", "it", "an", "be", "this", "are",
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "it",
+    "an",
+    "be",
+    "this",
+    "are",
 ]
 """The prompt's vocabulary: short common words, ~3.4 bytes a token with the tiny model."""
 
@@ -112,9 +131,12 @@ async def main() -> int:
     bodies = [chat_body(1_000_000), chat_body(4 * 2**20 - 1024, seed=1)]
     await off_loop.run(counter, lambda c: c.count_prompt("warm up"))  # loads the copy
     worst = 0.0
-    for _ in range(args.rounds):
-        for body in bodies:
-            worst = max(worst, await measure(body, counter, off_loop))
+    try:
+        for _ in range(args.rounds):
+            for body in bodies:
+                worst = max(worst, await measure(body, counter, off_loop))
+    finally:
+        await off_loop.close()
     print(f"worst stall while the process ran: {worst * 1000:.1f} ms (limit 50 ms)")
     return 1 if worst > STALL_LIMIT else 0
 

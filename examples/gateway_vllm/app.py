@@ -222,6 +222,7 @@ def create_app(
         await gateway.health.stop()
         await gateway.client.aclose()
         await gateway.ledger.close()  # after the last request: its usage is committed
+        await gateway.off_loop.close()  # the token counting process, if one started
         if isinstance(limiter, RedisTokenBucket):
             await limiter.aclose()
 

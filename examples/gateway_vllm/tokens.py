@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import anyio
 from stagelens.reference.schema import ChatRequest, Message, Tool
+from stagelens.reference.token_pool import BIG_TEXT_CHARS, TokenPool
 
 from stagelens import Rejected
 
@@ -146,6 +147,7 @@ class TokenCounter:
         self._backend.no_truncation()
         self._backend.no_padding()
         self.content_format = content_format
+        self.pool: TokenPool | None = None  # set on OffLoop's worker copies only
         template = self._tokenizer.chat_template
         self._developer = isinstance(template, str) and (
             '"developer"' in template or "'developer'" in template
@@ -195,6 +197,11 @@ class TokenCounter:
         it is used only when the engine's usage never arrived (stream cut short)."""
         return self._count(text, special=False)
 
+    def serialized(self) -> str:
+        """The Rust tokenizer as JSON, as set up for counting (no truncation, no padding)."""
+        text: str = self._backend.to_str()
+        return text
+
     def _count(self, text: str, *, special: bool) -> int:
         """Tokens in ``text`` (with the special tokens the post-processor adds if
         ``special``), as transformers' ``tokenizer(text)`` counts them.
@@ -204,7 +211,13 @@ class TokenCounter:
         into Python lists (ids, attention mask), which holds the GIL for as long (a 4 MiB
         prompt: ~1.4 M tokens, tens of ms per list, and as long again to free them). The
         ``Encoding``'s length needs no copy. Freeing it still holds the GIL (~25 ms for a
-        ~1 MB prompt, ~110 ms for 4 MiB): ``benchmarks/loop_stall.py`` measures it."""
+        ~1 MB prompt, ~110 ms for 4 MiB): so a text over ``BIG_TEXT_CHARS`` is counted in
+        the worker process of :attr:`pool` where there is one (``benchmarks/loop_stall.py``
+        measures the stall)."""
+        if self.pool is not None and len(text) > BIG_TEXT_CHARS:
+            tokens = self.pool.count(text, special=special)
+            if tokens is not None:
+                return tokens
         (encoding,) = self._backend.encode_batch([text], add_special_tokens=special)
         return len(encoding)
 
@@ -216,12 +229,15 @@ class OffLoop:
     Why a tokenizer copy of its own, one thread at a time: a Hugging Face fast tokenizer
     sets its truncation and padding state on every call and refuses to be used by two
     threads at once ("Already borrowed"); the event loop keeps the original for small
-    inputs, the worker its copy, loaded on first use.
+    inputs, the worker its copy, loaded on first use. The copy counts a big text in a
+    process of its own (:class:`TokenPool`, one per tokenizer, started on first use), which
+    :meth:`close` stops.
     """
 
     def __init__(self) -> None:
         self._limiter: anyio.CapacityLimiter | None = None
         self._copies: dict[tuple[str, str], TokenCounter] = {}
+        self.pools: dict[str, TokenPool] = {}
 
     async def run(self, counter: TokenCounter, count: Callable[[TokenCounter], int]) -> int:
         """``count`` applied to the worker's copy of ``counter``, on the worker thread."""
@@ -233,6 +249,17 @@ class OffLoop:
             copy = self._copies.get(key)
             if copy is None:
                 copy = self._copies[key] = TokenCounter(*key)
+                pool = self.pools.get(counter.source)
+                if pool is None:
+                    pool = self.pools[counter.source] = TokenPool(copy.serialized())
+                copy.pool = pool
             return count(copy)
 
         return await anyio.to_thread.run_sync(work, limiter=self._limiter)
+
+    async def close(self) -> None:
+        """Stops the counting processes (at the gateway's shutdown, after the last
+        request), waiting for them on a worker thread."""
+        pools = list(self.pools.values())
+        for pool in pools:
+            await anyio.to_thread.run_sync(pool.shutdown)
