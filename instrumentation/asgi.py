@@ -29,6 +29,7 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation import _outcome
+from stagelens.instrumentation._header_logs import quiet_propagator_logs
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
@@ -116,6 +117,7 @@ class StageLensMiddleware:
     ) -> None:
         if telemetry is None:
             telemetry = Telemetry(settings) if settings is not None else default_telemetry()
+        quiet_propagator_logs()  # trace headers come from clients: see _header_logs
         self.app = app
         self.telemetry = telemetry
         self.auth_hook = auth_hook

@@ -579,3 +579,38 @@ class TestSampledOut:
                 cap.value(semconv.STAGE_DURATION + "_count", stage=stage_name, model="tiny") == 1.0
             )
         assert cap.value(semconv.TOKENS, model="tiny", tenant="other", type="input") == 300.0
+
+
+class TestHostileTraceHeaders:
+    """Trace headers are client input: they never flood the logs or land in them."""
+
+    async def test_malformed_trace_headers_are_served_and_never_logged(
+        self, cap, proxy_factory, client_factory, caplog
+    ) -> None:
+        """Twenty requests with an oversized traceparent and a baggage entry quoting a key
+        all answer 200 and start their own trace; the propagators' loggers pass at most one
+        record each, and no record holds the header's text."""
+        import logging
+
+        from stagelens.instrumentation._header_logs import PROPAGATOR_LOGGERS
+
+        caplog.set_level(logging.WARNING)
+        app, _ = proxy_factory(cap)
+        headers = {
+            "traceparent": "00-" + "a" * 600,
+            "baggage": "sk-live-DO-NOT-LOG with spaces;;==",
+        }
+        async with client_factory(app) as client:
+            for _ in range(20):
+                response = await client.post(
+                    "/v1/chat/completions", json={"model": "tiny"}, headers=headers
+                )
+                assert response.status_code == 200
+        roots = [s for s in cap.spans() if s.name == "POST /v1/chat/completions"]
+        assert len(roots) == 20
+        assert all(s.parent is None for s in roots)
+        records = [r for r in caplog.records if r.name in PROPAGATOR_LOGGERS]
+        assert len([r for r in records if "tracecontext" in r.name]) <= 1
+        assert len([r for r in records if "baggage" in r.name]) <= 1
+        assert not any("DO-NOT-LOG" in r.getMessage() for r in caplog.records)
+        assert not any("a" * 100 in r.getMessage() for r in caplog.records)
