@@ -156,21 +156,9 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
     lease = Lease()
     handed_over = False
     try:
-        counter = gateway.tokenizer_for(req.model)
-        with stage(Stage.LOAD_BALANCER):
-            prefix = affinity_key(req, counter, gateway.config.prefix_affinity_chars)
-            if pool is not None:
-                lease.backend = pool.balancer.assign(prefix)
-
-        with stage(Stage.TOKENIZER):
-            prompt_tokens = 0
-            if counter is not None and pool is not None and pool.config.task == "generate":
-                prompt_tokens = await tokenize(gateway, request, req, raw, pool, counter)
-
-        with stage(Stage.ROUTER):
-            pool = gateway.router.route(req.model, "generate")
-            await pool.acquire()
-            lease.pool = pool
+        pool, prefix, prompt_tokens = await _admit(
+            gateway, request, req, raw, pool, lease, "generate"
+        )
 
         body = dict(raw)
         body["model"] = pool.upstream_model
@@ -213,6 +201,36 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
             lease.release()
 
 
+async def _admit(
+    gateway: Gateway,
+    request: Request,
+    req: Any,
+    raw: dict[str, Any],
+    named: Pool | None,
+    lease: Lease,
+    task: str,
+) -> tuple[Pool, str, int]:
+    """The load balancer, tokenizer and router stages a request passes before its upstream
+    call, in that order (chat, completions and embeddings alike): (the pool routed to, the
+    prefix-affinity key, the prompt's tokens, 0 when its model has no tokenizer or serves
+    another task). ``lease`` takes the backend and the admitted pool, for the caller to
+    release."""
+    counter = gateway.tokenizer_for(req.model)
+    with stage(Stage.LOAD_BALANCER):
+        prefix = affinity_key(req, counter, gateway.config.prefix_affinity_chars)
+        if named is not None:
+            lease.backend = named.balancer.assign(prefix)
+    with stage(Stage.TOKENIZER):
+        prompt_tokens = 0
+        if counter is not None and named is not None and named.config.task == task:
+            prompt_tokens = await tokenize(gateway, request, req, raw, named, counter)
+    with stage(Stage.ROUTER):
+        pool = gateway.router.route(req.model, task)
+        await pool.acquire()
+        lease.pool = pool
+    return pool, prefix, prompt_tokens
+
+
 def _name_model(gateway: Gateway, model: str) -> Pool | None:
     pool = gateway.router.pools.get(model)
     state = current_request()
@@ -235,19 +253,7 @@ async def embed(gateway: Gateway, request: Request) -> Response:
         state.set_tokenless()
     lease = Lease()
     try:
-        counter = gateway.tokenizer_for(req.model)
-        with stage(Stage.LOAD_BALANCER):
-            prefix = affinity_key(req, counter, gateway.config.prefix_affinity_chars)
-            if pool is not None:
-                lease.backend = pool.balancer.assign(prefix)
-        with stage(Stage.TOKENIZER):
-            prompt_tokens = 0
-            if counter is not None and pool is not None and pool.config.task == "embed":
-                prompt_tokens = await tokenize(gateway, request, req, raw, pool, counter)
-        with stage(Stage.ROUTER):
-            pool = gateway.router.route(req.model, "embed")
-            await pool.acquire()
-            lease.pool = pool
+        pool, prefix, prompt_tokens = await _admit(gateway, request, req, raw, pool, lease, "embed")
         body = {**raw, "model": pool.upstream_model}
         attributes = {
             semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_EMBEDDINGS,
