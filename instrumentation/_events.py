@@ -31,6 +31,9 @@ from stagelens.request import InferenceFacts
 _TAIL_MAX: Final = 48 * 1024
 """An incomplete event longer than this is not waited for: the stream is passed on
 unread from there (memory stays bounded whatever the upstream sends)."""
+_NONE: Final[list[int]] = []
+_NONE_SENT: Final[list[float]] = []
+"""Placeholders, never appended to: a prefix is learned with the real lists."""
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
 
@@ -46,23 +49,28 @@ class EventReader:
         "_finish_reasons",
         "_first_output_at",
         "_inference",
+        "_into",
         "_key",
         "_keys",
         "_last_fast",
         "_last_output_ns",
+        "_learned",
         "_marks",
         "_marks0",
         "_outputs",
         "_partial",
         "_passing",
+        "_prefix",
         "_recording",
         "_response_id",
         "_sends",
+        "_sent",
         "_single_choice",
         "_strip",
         "_unread_first",
         "_usage",
         "_usage_after",
+        "_value_at",
     )
 
     def __init__(
@@ -119,14 +127,56 @@ class EventReader:
         (continuous usage stats) is newer than it."""
         self._finish_reasons: list[str] = []
         self._response_id: str | None = None
+        self._prefix: bytes | None = None
+        """While the next chunk may be read from its prefix: ``_learned`` (see ``read``)."""
+        self._learned: bytes | None = None
+        """A content event's bytes up to its output value (``data:``, the JSON before the
+        value, the key and the value's opening quote), learned from the latest chunk that
+        was one whole content event of choice 0, in a request."""
+        self._value_at = 0
+        """``len(_learned)``: where the output value of a chunk with that prefix begins."""
+        self._into: list[int] = _NONE
+        """Choice 0's marks, once a prefix is learned (then in a request)."""
+        self._sent: list[float] = _NONE_SENT
+        """The app's sends, once a prefix is learned."""
 
     def read(self, chunk: bytes) -> bytes:
         """Read one chunk; return the bytes the app reads now. The hot path of a stream.
 
         Why written out: nearly every chunk is one whole content event, ``data: {...}``
-        and a blank line. One ``find`` shows its output key with a non-empty string value
-        (sound, see ``_sse.output_fast``), another that it is one single-line event; the
-        event is then counted and marked without being parsed or split.
+        and a blank line, and the events of a stream differ only from their output value
+        on (vLLM writes the id, creation time and model before it, the same in every
+        event). A chunk that begins with the bytes of an earlier content event up to its
+        value (``_learned``), whose value is not empty, and whose only line break is the
+        blank line ending it, is such an event: its key is a key, because the JSON before
+        it is byte for byte one that was found to hold it. It is counted and marked with
+        one ``startswith`` and one ``find``, unparsed. Anything else goes to ``_read``.
+        """
+        prefix = self._prefix
+        if (
+            prefix is not None
+            and chunk.startswith(prefix)
+            and chunk.find(b"\n") == len(chunk) - 2
+            and chunk[-1] == 10
+            and chunk[self._value_at] != 34  # a quote: the value is empty
+        ):
+            self._outputs += 1
+            self._into.append(len(self._sent))
+            self._last_fast = chunk
+            if self._recording:
+                self._last_output_ns = _time_ns()
+            return chunk
+        out = self._read(chunk)
+        # Read from the prefix again only at an event's start, and while reading.
+        self._prefix = None if self._partial or not self._fast else self._learned
+        return out
+
+    def _read(self, chunk: bytes) -> bytes:
+        """Read a chunk that is not a content event of the learned prefix (``read``).
+
+        A whole content event is still found without parsing it: one ``find`` shows its
+        output key with a non-empty string value (sound, see ``_sse.output_fast``),
+        another that it is one single-line event. Its prefix is learned then.
         """
         if self._fast and not self._partial:
             key = self._key
@@ -150,6 +200,9 @@ class EventReader:
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
+                    self._value_at = value_at = at + len(key)
+                    self._learned = chunk[:value_at]  # read by ``read`` from the next chunk
+                    self._into, self._sent = marks, sends
                 if self._recording:
                     self._last_output_ns = _time_ns()
                 self._last_fast = chunk
@@ -175,7 +228,8 @@ class EventReader:
         for start, stop, payload in events:
             if payload is None:
                 continue
-            if self._fast and output_fast(payload, self._key):
+            if self._fast and b"\n" not in payload and output_fast(payload, self._key):
+                # (One data line: lines joined are no JSON an encoder writes.)
                 self._output(0)
                 self._last_fast = b"data:" + payload
                 continue
@@ -265,6 +319,7 @@ class EventReader:
         """Stop reading (PASS); return the bytes held back, handed over once."""
         self._fast = False
         self._passing = True
+        self._prefix = self._learned = None
         return self.release()
 
     def release(self) -> bytes:

@@ -279,33 +279,94 @@ SINGLE_CHOICE_EVENT = st.one_of(
     st.sampled_from([(",", ":"), (", ", ": ")]),
     st.lists(st.integers(0, 400), max_size=6),
     st.booleans(),
+    st.booleans(),
 )
 def test_output_events_are_counted_as_parsing_each_event_counts(
-    stream: list[Any], separators: tuple[str, str], cuts: list[int], sampled: bool
+    stream: list[Any],
+    separators: tuple[str, str],
+    cuts: list[int],
+    sampled: bool,
+    in_request: bool,
 ) -> None:
-    """However the events are written and chunked, traced or sampled out, the output
-    events counted (most of them from their bytes alone) are those that parsing every
-    event finds."""
+    """However the events are written and chunked, traced or sampled out, in a request or
+    not, the output events counted (most of them from their bytes alone) are those that
+    parsing every event finds; in a request each is marked with the sends made before the
+    chunk that completed it (the app relays every chunk)."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
     from prometheus_client import CollectorRegistry
 
+    from stagelens.request import RequestState
     from stagelens.telemetry import Telemetry
 
-    body = b"".join(f"data: {json.dumps(e, separators=separators)}\n\n".encode() for e in stream)
-    expected = sum(1 for e in stream if _openai.EventFacts(e).outputs)
+    events = [f"data: {json.dumps(e, separators=separators)}\n\n".encode() for e in stream]
+    body = b"".join(events)
+    chunks = _chunked(body, cuts) if cuts else events
+    ends, at = [], 0  # where each chunk ends in the body
+    for chunk in chunks:
+        at += len(chunk)
+        ends.append(at)
+    expected_marks, at = [], 0
+    for event, raw in zip(stream, events, strict=True):
+        at += len(raw)
+        if _openai.EventFacts(event).outputs:
+            expected_marks.append(next(i for i, end in enumerate(ends) if end >= at))
     provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
     telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
-    if True:
-        payload = {"model": "tiny", "stream": True}
-        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-        call = _UpstreamCall(telemetry, None, payload, "chat", request)
-        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
-        for chunk in (
-            _chunked(body, cuts)
-            if cuts
-            else [f"data: {json.dumps(e, separators=separators)}\n\n".encode() for e in stream]
-        ):
-            call.on_chunk(chunk)
-        assert call._outputs == expected
-        call.finish()
+    state = RequestState(telemetry, telemetry.tracer.start_span("r")) if in_request else None
+    payload = {"model": "tiny", "stream": True}
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+    call = _UpstreamCall(telemetry, state, payload, "chat", request)
+    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    for chunk in chunks:
+        call.on_chunk(chunk)
+        if state is not None:
+            state.token_times.append(0.0)  # the app relayed the chunk
+    assert call._outputs == len(expected_marks)
+    if state is not None:
+        assert state.inference is not None
+        assert state.inference.choices == [expected_marks]
+        first = state.inference.first_output
+        assert first == (expected_marks[0] if expected_marks else None)
+    call.finish()
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_event_goes_on(
+    sampled: bool,
+) -> None:
+    """The chunks after the first content event are matched by its bytes up to the value;
+    one whose event does not end with it (a second ``data:`` line follows, in the next
+    chunk) is parsed as the stream's reader parses it: not JSON, so no output."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    from prometheus_client import CollectorRegistry
+
+    from stagelens.request import RequestState
+    from stagelens.telemetry import Telemetry
+
+    def content(text: str) -> bytes:
+        event = {"id": "c1", "choices": [{"index": 0, "delta": {"content": text}}]}
+        return f"data: {json.dumps(event, separators=(',', ':'))}".encode()
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
+    state = RequestState(telemetry, telemetry.tracer.start_span("r"))
+    payload = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+    call = _UpstreamCall(telemetry, state, payload, "chat", request)
+    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    chunks = [
+        content("a") + b"\n\n",
+        content("b") + b"\n\n",  # read from the prefix the first one taught
+        content("c") + b"\nd",  # the event goes on: "data: x" is its second line
+        b"ata: x\n\n",
+        content("e") + b"\n\n",
+    ]
+    for chunk in chunks:
+        assert call.on_chunk(chunk) == chunk
+        state.token_times.append(0.0)
+    assert call._outputs == 3
+    assert state.inference is not None
+    assert state.inference.choices == [[0, 1, 4]]
+    call.finish()
