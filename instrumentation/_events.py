@@ -65,9 +65,7 @@ class EventReader:
         "_response_id",
         "_sends",
         "_sent",
-        "_single_choice",
         "_strip",
-        "_unread_first",
         "_usage",
         "_usage_after",
         "_value_at",
@@ -86,7 +84,6 @@ class EventReader:
         self._keys = content_keys(chat)
         self._key = self._keys[0]
         """The output key as this stream writes it (compact or spaced), tried first."""
-        self._single_choice = single_choice
         self._sends = sends
         """The app's sends so far (``RequestState.token_times``), or None outside a request."""
         self._inference = inference
@@ -113,10 +110,8 @@ class EventReader:
         self._last_fast: bytes | None = None
         """The latest event chunk read from its bytes alone: its finish reason and running
         usage are read when the stream ends, if no later event said them."""
-        self._unread_first = recording
-        """A recorded span shows the first event's response id: it is parsed."""
-        self._fast = single_choice and not recording
-        """A whole content event may be read from its bytes (one choice, first one read)."""
+        self._fast = single_choice
+        """A whole content event may be read from its bytes (one choice)."""
         self._ended = False
         """The stream's last event arrived ([DONE], a finish reason or the usage event)."""
         self._failure: str | None = None
@@ -257,9 +252,6 @@ class EventReader:
 
     def _parse(self, payload: bytes) -> _openai.EventFacts | None:
         """The facts of an event; None (counted, logged once) when it is not JSON."""
-        if self._unread_first:
-            self._unread_first = False
-            self._fast = self._single_choice
         try:
             facts = _openai.read_event(payload)
         except ValueError as exc:
@@ -347,6 +339,8 @@ class EventReader:
         if last is not None and (newer or not self._ended or self._recording):
             facts = _quiet(last[5:].strip())  # read once: it was never parsed
             if facts is not None:
+                if self._recording and self._response_id is None:
+                    self._response_id = facts.id  # no event was parsed before it
                 if facts.usage is not None and (newer or self._usage is None):
                     self._usage = facts.usage  # a running total (continuous usage stats)
                 if facts.finish_reasons:
