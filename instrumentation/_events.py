@@ -350,8 +350,9 @@ class EventReader:
 
 
 def _quiet(payload: bytes) -> _openai.EventFacts | None:
-    """An event's facts, or None when it is not JSON (a final partial read leniently)."""
+    """An event's facts but its outputs (at the end no event is output: see ``settle``),
+    or None when it is not JSON (a final partial read leniently)."""
     try:
-        return _openai.read_event(payload)
+        return _openai.read_event(payload, outputs=False)
     except ValueError:
         return None

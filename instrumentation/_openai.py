@@ -126,7 +126,7 @@ class EventFacts:
         "usage",
     )
 
-    def __init__(self, body: Any, raw: bytes | None = None) -> None:
+    def __init__(self, body: Any, raw: bytes | None = None, *, outputs: bool = True) -> None:
         self.outputs: list[int] = []
         """Choice indices that carry output in this event (index 0 outside choices)."""
         self.finish_reasons: list[str] = []
@@ -138,7 +138,7 @@ class EventFacts:
         self.metrics: dict[str, Any] | None = None
         self.no_choices = True
         """No choice in it (vLLM's usage event has ``"choices": []``)."""
-        walk = raw is None or _OUTPUT_KEY.search(raw) is not None
+        walk = outputs and (raw is None or _OUTPUT_KEY.search(raw) is not None)
         if not isinstance(body, dict):
             if walk and has_output(body):  # not an OpenAI event, but output all the same
                 self.outputs.append(0)
@@ -184,10 +184,11 @@ def _finish_reasons(choices: Any) -> list[str]:
     return [r for r in reasons if isinstance(r, str) and r]
 
 
-def read_event(payload: bytes) -> EventFacts:
-    """The facts of one event's data. Raises ValueError when it is not JSON."""
+def read_event(payload: bytes, *, outputs: bool = True) -> EventFacts:
+    """The facts of one event's data (``outputs=False``: all but which choices carry
+    output, left empty). Raises ValueError when it is not JSON."""
     try:
-        return EventFacts(loads(payload), payload)
+        return EventFacts(loads(payload), payload, outputs=outputs)
     except RecursionError as exc:  # absurdly nested: not an event we can read
         raise ValueError("event nested too deeply") from exc
 
