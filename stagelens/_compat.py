@@ -207,6 +207,21 @@ def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
     return parts if isinstance(parts, list | tuple) else None
 
 
+def span_key() -> str | None:
+    """The context key under which the API keeps the current span, or None where these
+    versions keep it elsewhere (``trace.get_current_span`` is used then).
+
+    Private: ``opentelemetry.trace.propagation._SPAN_KEY``. Read by the deferred tracer,
+    which starts every span of a request from its parent: ``get_current_span`` takes two
+    Python calls and an ``isinstance`` against the abstract ``Span`` (an ABC check) for
+    what one ``Context.get`` finds.
+    """
+    from opentelemetry.trace import propagation
+
+    key = getattr(propagation, "_SPAN_KEY", None)
+    return key if isinstance(key, str) else None
+
+
 # --- httpx / httpcore ------------------------------------------------------------------
 # Tested with httpx 0.28.1 and httpcore 1.0.9 (pyproject: httpx>=0.28.1). Private names:
 # - ``Client._transport`` / ``AsyncClient._transport``: the client's default transport.
@@ -228,6 +243,7 @@ def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
 # And of opentelemetry-api (1.45.2) and opentelemetry-instrumentation (0.66b2), used by the
 # same instrumentation (and by ``stage()`` and the middleware for suppression):
 # - ``CompositePropagator._propagators``: see ``composite_parts`` above.
+# - ``opentelemetry.trace.propagation._SPAN_KEY``: see ``span_key`` above.
 # - ``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY``,
 #   ``_SUPPRESS_HTTP_INSTRUMENTATION_KEY`` and ``opentelemetry.instrumentation.utils.
 #   _SUPPRESS_INSTRUMENTATION_KEY_PLAIN``: the context keys ``suppress_instrumentation()``

@@ -369,3 +369,18 @@ def test_lower_bounds_are_the_tested_versions() -> None:
         "opentelemetry-exporter-otlp-proto-http",
     ):
         assert _lower_bound(by_name[name]) == _compat.OPENTELEMETRY_TESTED, name
+
+
+def test_the_span_key_finds_what_get_current_span_finds() -> None:
+    """The current span read from the context by its key is the one the public
+    ``get_current_span`` returns, given a context or not; none set, the key finds None."""
+    from opentelemetry import context as otel_context
+
+    key = _compat.span_key()
+    assert key is not None
+    assert otel_context.get_current().get(key) is None
+    with TracerProvider().get_tracer("t").start_as_current_span("s") as span:
+        assert otel_context.get_current().get(key) is span is trace.get_current_span()
+        inner = trace.NonRecordingSpan(span.get_span_context())
+        ctx = trace.set_span_in_context(inner)
+        assert ctx.get(key) is inner is trace.get_current_span(ctx)
