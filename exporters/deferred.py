@@ -76,6 +76,7 @@ _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
 _EMPTY_STATE: Final = TraceState()
 _UNSET: Final = Status(StatusCode.UNSET)
 _SPAN_KEY: Final = _compat.span_key()
+_current_context: Final = _compat.current_context_getter()
 
 Batch = Sequence["RecordedSpan"]
 Sink = Callable[[Batch], bool]
@@ -335,7 +336,7 @@ class DeferredTracer(trace.Tracer):
         set_status_on_exception: bool = True,
     ) -> trace.Span:
         provider = self._provider
-        ctx = context if context is not None else otel_context.get_current()
+        ctx = context if context is not None else _current_context()
         found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
         # A local parent is found with one lookup; anything else as the API finds it.
         parent = found if type(found) is RecordedSpan else trace.get_current_span(ctx)

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opentelemetry.context import Context, get_current
+from opentelemetry.context import Context
 from opentelemetry.instrumentation.utils import (
     is_http_instrumentation_enabled,
     is_instrumentation_enabled,
 )
 
 from stagelens import _compat
+
+current_context: Callable[[], Context] = _compat.current_context_getter()
+"""``opentelemetry.context.get_current``, in one call (``_compat.current_context_getter``)."""
 
 
 def _readers() -> tuple[Callable[[Context], bool], Callable[[], bool]]:
@@ -31,7 +34,7 @@ def _readers() -> tuple[Callable[[Context], bool], Callable[[], bool]]:
         return not (ctx.get(every) or ctx.get(plain))
 
     def http_enabled() -> bool:
-        ctx = get_current()
+        ctx = current_context()
         return not (ctx.get(every) or ctx.get(plain) or ctx.get(http))
 
     return enabled_in, http_enabled
@@ -45,4 +48,4 @@ from one context lookup."""
 
 def instrumentation_enabled() -> bool:
     """``is_instrumentation_enabled()``, from one context lookup."""
-    return instrumentation_enabled_in(get_current())
+    return instrumentation_enabled_in(current_context())

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry import context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Status, StatusCode
-from stagelens.instrumentation._suppress import instrumentation_enabled_in
+from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
 from stagelens._instruments import BillingRecord
@@ -108,7 +108,7 @@ class stage:
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
-        ctx = context.get_current()
+        ctx = current_context()
         if not instrumentation_enabled_in(ctx):
             # Suppressed (opentelemetry.instrumentation.utils.suppress_instrumentation()):
             # no span and no metric, as contrib instrumentors do; the block just runs.

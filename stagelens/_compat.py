@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -207,6 +208,27 @@ def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
     return parts if isinstance(parts, list | tuple) else None
 
 
+def current_context_getter() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current``, as one C call where the runtime context is
+    the API's default (``ContextVarsRuntimeContext``): the bound ``get`` of its ContextVar.
+    Any other runtime context (``OTEL_PYTHON_CONTEXT``): ``get_current`` itself.
+
+    Private: ``opentelemetry.context._RUNTIME_CONTEXT`` and its ``_current_context``.
+    ``get_current`` is two Python calls around that ``get``; a request reads the current
+    context about ten times (each ``stage()``, each suppression check, each span start).
+    """
+    from opentelemetry import context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is ContextVarsRuntimeContext:
+        var = getattr(runtime, "_current_context", None)
+        if isinstance(var, ContextVar):
+            getter: Callable[[], Context] = var.get
+            return getter
+    return context.get_current
+
+
 def span_key() -> str | None:
     """The context key under which the API keeps the current span, or None where these
     versions keep it elsewhere (``trace.get_current_span`` is used then).
@@ -244,6 +266,8 @@ def span_key() -> str | None:
 # same instrumentation (and by ``stage()`` and the middleware for suppression):
 # - ``CompositePropagator._propagators``: see ``composite_parts`` above.
 # - ``opentelemetry.trace.propagation._SPAN_KEY``: see ``span_key`` above.
+# - ``opentelemetry.context._RUNTIME_CONTEXT._current_context``: see
+#   ``current_context_getter`` above.
 # - ``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY``,
 #   ``_SUPPRESS_HTTP_INSTRUMENTATION_KEY`` and ``opentelemetry.instrumentation.utils.
 #   _SUPPRESS_INSTRUMENTATION_KEY_PLAIN``: the context keys ``suppress_instrumentation()``

@@ -384,3 +384,23 @@ def test_the_span_key_finds_what_get_current_span_finds() -> None:
         inner = trace.NonRecordingSpan(span.get_span_context())
         ctx = trace.set_span_in_context(inner)
         assert ctx.get(key) is inner is trace.get_current_span(ctx)
+
+
+def test_the_current_context_getter_is_get_current() -> None:
+    """The one-call reader of the current context is the ContextVar's ``get`` with the
+    API's default runtime context, and returns what ``get_current`` returns, inside an
+    attached context and outside it."""
+    from contextvars import ContextVar
+
+    from opentelemetry import context as otel_context
+
+    getter = _compat.current_context_getter()
+    assert isinstance(getattr(getter, "__self__", None), ContextVar)
+    assert getter() is otel_context.get_current()
+    token = otel_context.attach(otel_context.set_value("k", "v"))
+    try:
+        assert getter() is otel_context.get_current()
+        assert getter().get("k") == "v"
+    finally:
+        otel_context.detach(token)
+    assert getter() is otel_context.get_current()
