@@ -19,6 +19,7 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
 from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.trace import NonRecordingSpan
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from stagelens.instrumentation._suppress import current_context
 
@@ -96,9 +97,27 @@ def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
     return None
 
 
+def _default_baggage_propagator() -> W3CBaggagePropagator | None:
+    """The global propagator's baggage half when it is the default W3C pair, else None."""
+    global _textmap
+    textmap = propagate.get_global_textmap()
+    if _textmap[0] is not textmap:
+        _textmap = (textmap, _w3c_default(textmap))
+    return _textmap[1]
+
+
 _current_context: Final = current_context
 """The module's ``get_current``, for ``_inject``, whose parameter is named ``context`` as
 ``propagate.inject``'s is."""
+
+
+def _traceparent(span_context: trace.SpanContext) -> str:
+    """The ``traceparent`` value the W3C propagator writes for ``span_context``."""
+    return "00-%032x-%016x-%02x" % (  # noqa: UP031 (one call, 3 k instructions under an f-string)
+        span_context.trace_id,
+        span_context.span_id,
+        span_context.trace_flags,
+    )
 
 
 def _inject(carrier: dict[str, str], context: Context | None) -> None:
@@ -107,11 +126,7 @@ def _inject(carrier: dict[str, str], context: Context | None) -> None:
     baggage through its own propagator when there is any. Any other propagator set is
     called as it is. Equivalence with ``propagate.inject`` is tested.
     """
-    global _textmap
-    textmap = propagate.get_global_textmap()
-    if _textmap[0] is not textmap:
-        _textmap = (textmap, _w3c_default(textmap))
-    baggage_propagator = _textmap[1]
+    baggage_propagator = _default_baggage_propagator()
     if baggage_propagator is None:
         propagate.inject(carrier, context=context)
         return
@@ -119,38 +134,80 @@ def _inject(carrier: dict[str, str], context: Context | None) -> None:
         context = _current_context()
     span_context = trace.get_current_span(context).get_span_context()
     if span_context != trace.INVALID_SPAN_CONTEXT:
-        carrier["traceparent"] = "00-%032x-%016x-%02x" % (  # noqa: UP031 (one call, 3 k instructions under an f-string)
-            span_context.trace_id,
-            span_context.span_id,
-            span_context.trace_flags,
-        )
+        carrier["traceparent"] = _traceparent(span_context)
         if span_context.trace_state:
             carrier["tracestate"] = span_context.trace_state.to_header()
     if baggage.get_all(context):
         baggage_propagator.inject(carrier, context=context)
 
 
-def _mint_request_id(span: trace.Span) -> str:
+def _mint_request_id(span_context: trace.SpanContext, recording: bool) -> str:
     """``<trace-id>-<span-id>`` of the inference span when it is recorded, so that the engine
     side (the vLLM plugin) can join its spans to this trace from the request id alone;
     a random id otherwise."""
-    ctx = span.get_span_context()
-    if span.is_recording() and ctx.is_valid:
-        return f"{ctx.trace_id:032x}-{ctx.span_id:016x}"
-    return f"{random.getrandbits(128):032x}"  # after fork() `random` is reseeded
+    if recording and span_context.is_valid:
+        return "%032x-%016x" % (span_context.trace_id, span_context.span_id)  # noqa: UP031
+    return "%032x" % random.getrandbits(128)  # noqa: UP031 (after fork() `random` is reseeded)
+
+
+_REQUEST_ID_NAME: Final = sc.HEADER_REQUEST_ID.encode("ascii")
+_SPAN_KEY: Final = _compat.span_key()
+_TRACEPARENT: Final = b"traceparent"
 
 
 def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bool) -> str:
     """Add ``X-Request-Id`` (unless the app set one) and the trace context of ``span``
-    (the current context when it is not recorded) to ``request``; return the request id."""
-    added: dict[str, str] = {}
+    (the current context when it is not recorded) to ``request``; return the request id.
+
+    Why two ways: with httpx's entry list at hand and the default propagators (nearly
+    always), the two headers every call gets are appended to the list as
+    ``headers[name] = value`` would append them (their names are not there: the rare
+    header that is, and ``tracestate`` and ``baggage``, go through the public API). Any
+    other case goes through ``_inject`` and ``_add_headers``. Both are tested against the
+    public API.
+    """
     headers = request.headers
+    entries = _compat.header_entries(headers)
+    baggage_propagator = _default_baggage_propagator()
+    if entries is None or baggage_propagator is None:
+        return _add_any_headers(headers, span, recording)
+    present = list(map(_ENTRY_KEY, entries))  # in C; a handful of names
+    context = _current_context()  # the span's, but for the span: baggage is read from it
+    if recording:
+        span_context = span.get_span_context()
+    else:  # the current span: the sampled-out request's root, found with one lookup
+        found = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+        current = found if type(found) is NonRecordingSpan else trace.get_current_span(context)
+        span_context = current.get_span_context()
+    request_id = headers.get(sc.HEADER_REQUEST_ID) if REQUEST_ID_KEY in present else None
+    if request_id is None:
+        request_id = _mint_request_id(span_context, recording)
+        entries.append((_REQUEST_ID_NAME, REQUEST_ID_KEY, request_id.encode("ascii")))
+    if span_context != trace.INVALID_SPAN_CONTEXT:
+        traceparent = _traceparent(span_context)
+        if _TRACEPARENT in present:
+            headers["traceparent"] = traceparent
+        else:
+            entries.append((_TRACEPARENT, _TRACEPARENT, traceparent.encode("ascii")))
+        if span_context.trace_state:
+            headers["tracestate"] = span_context.trace_state.to_header()
+    if baggage.get_all(context):
+        carrier: dict[str, str] = {}
+        baggage_propagator.inject(carrier, context=context)
+        for name, value in carrier.items():
+            headers[name] = value
+    return request_id
+
+
+def _add_any_headers(headers: httpx.Headers, span: trace.Span, recording: bool) -> str:
+    """``add_upstream_headers`` for any propagator and any header list."""
+    added: dict[str, str] = {}
     present = _header_names(headers)
     request_id: str | None = None
     if present is None or REQUEST_ID_KEY in present:
         request_id = headers.get(sc.HEADER_REQUEST_ID)
     if request_id is None:
-        request_id = _mint_request_id(span)
+        request_id = _mint_request_id(span.get_span_context(), recording)
         added[sc.HEADER_REQUEST_ID] = request_id
     _inject(added, trace.set_span_in_context(span) if recording else None)
     _add_headers(headers, added, present)

@@ -45,27 +45,60 @@ def test_client_transports_and_mounts_are_readable() -> None:
 
 @pytest.mark.parametrize(
     "existing",
-    [{}, {"X-Request-ID": "from-the-app"}, [("baggage", "a=b"), ("Baggage", "c=d")]],
-    ids=["none", "request-id-present", "repeated-name"],
+    [
+        {},
+        {"X-Request-ID": "from-the-app"},
+        [("baggage", "a=b"), ("Baggage", "c=d")],
+        {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01", "x-other": "1"},
+    ],
+    ids=["none", "request-id-present", "repeated-name", "traceparent-present"],
 )
+@pytest.mark.parametrize("recording", [True, False])
+@pytest.mark.parametrize("with_baggage", [False, True])
 def test_header_entries_fast_path_and_fallback_agree(
-    existing: Any, monkeypatch: pytest.MonkeyPatch
+    existing: Any, recording: bool, with_baggage: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """httpx's entry list is readable (the fast path runs), and the public API alone
-    (as when it is not) leaves the same headers and the same request id."""
+    (as when it is not) leaves the same headers and the same request id, for a recorded
+    span and a sampled-out one (the current span's context), with baggage or without."""
+    import random
+
+    from opentelemetry import baggage, context
+
     fast = httpx.Request("POST", "http://up/v1/chat/completions", headers=existing)
     public = httpx.Request("POST", "http://up/v1/chat/completions", headers=existing)
     assert _compat.header_entries(fast.headers) is not None
     with capture_telemetry() as cap:
-        span = cap.telemetry.tracer.start_span("chat tiny")
-        fast_id = _headers.add_upstream_headers(fast, span, recording=True)
-        with monkeypatch.context() as patched:
-            patched.setattr(_compat, "header_entries", lambda headers: None)
-            public_id = _headers.add_upstream_headers(public, span, recording=True)
-        span.end()
+        root = cap.telemetry.tracer.start_span("root")
+        span = (
+            cap.telemetry.tracer.start_span("chat tiny", context=trace.set_span_in_context(root))
+            if recording
+            else None
+        )
+        current = trace.set_span_in_context(
+            root if recording else NonRecordingSpan(root.get_span_context())
+        )
+        if with_baggage:
+            current = baggage.set_baggage("tenant", "t1", context=current)
+        token = context.attach(current)
+        try:
+            target = span if span is not None else NonRecordingSpan(root.get_span_context())
+            random.seed(7)
+            fast_id = _headers.add_upstream_headers(fast, target, recording=recording)
+            with monkeypatch.context() as patched:
+                patched.setattr(_compat, "header_entries", lambda headers: None)
+                random.seed(7)
+                public_id = _headers.add_upstream_headers(public, target, recording=recording)
+        finally:
+            context.detach(token)
+        if span is not None:
+            span.end()
+        root.end()
     assert fast_id == public_id
     assert fast.headers.raw == public.headers.raw
     assert fast.headers[sc.HEADER_REQUEST_ID] == fast_id
+    assert ("baggage" in fast.headers) is (with_baggage or "baggage" in dict(existing))
+    assert fast.headers["traceparent"].split("-")[1] == f"{root.get_span_context().trace_id:032x}"
 
 
 def test_composite_parts_are_readable() -> None:
