@@ -176,7 +176,7 @@ class EventReader:
         if self._fast and not self._partial:
             key = self._key
             at = chunk.find(key, 5)
-            if at < 0:  # maybe the stream spaces its JSON the other way
+            if at < 0 and self._learned is None:  # maybe it spaces its JSON the other way
                 key = self._keys[1] if key is self._keys[0] else self._keys[0]
                 at = chunk.find(key, 5)
                 if at > 5:
@@ -223,7 +223,7 @@ class EventReader:
         for start, stop, payload in events:
             if payload is None:
                 continue
-            if self._fast and b"\n" not in payload and output_fast(payload, self._key):
+            if self._fast and output_fast(payload, self._key) and payload.find(b"\n") < 0:
                 # (One data line: lines joined are no JSON an encoder writes.)
                 self._output(0)
                 self._last_fast = b"data:" + payload
