@@ -27,7 +27,7 @@ _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 
 def data_of(block: bytes) -> bytes | None:
     """The data of one event's lines (no blank line among them), LF-separated."""
-    if block.startswith(b"data:") and b"\n" not in block:
+    if block.startswith(b"data:") and block.find(b"\n") < 0:  # (bytes ``in`` costs more)
         value = block[5:]  # the usual event: one data line
         return value[1:] if value[:1] == b" " else value
     values = []
@@ -47,7 +47,7 @@ def split_events(data: bytes) -> tuple[list[Event], int]:
     keeps an incomplete event for the next chunk; everything else reaches the app as it
     came. A final CR is held back (a CRLF may be split across chunks).
     """
-    if b"\r" in data:
+    if data.find(b"\r") >= 0:  # (a find: bytes ``in`` first fails to read an int)
         return _split_any_line_ends(data)
     events: list[Event] = []
     start = 0
