@@ -30,6 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import add_upstream_headers
+from stagelens.instrumentation._span_errors import record_failure
 
 from stagelens import _compat
 from stagelens import semconv as sc
@@ -381,9 +382,10 @@ class _UpstreamCall(EventReader):
         if billing == sc.BILLING_ESTIMATED:
             span.set_attribute(sc.ATTR_USAGE_ESTIMATED, True)
         if error is not None:
-            span.record_exception(error)
+            # ClientDisconnected's message is stagelens' own: it says what happened.
+            capture = self.telemetry.settings.capture_message_content
+            record_failure(span, error, capture=capture or type(error) is ClientDisconnected)
             span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         elif self._failure is not None and self._status < 400:
             span.set_attribute(sc.ERROR_TYPE, self._failure)
             span.set_status(Status(StatusCode.ERROR, "stream failed after its response began"))

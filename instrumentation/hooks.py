@@ -22,7 +22,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Status, StatusCode
+from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
@@ -165,8 +165,7 @@ class stage:
             if status is not None and status >= 400 and state is not None:
                 state.reject(self._name)
             if span is not None and span.is_recording():
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                record_failure(span, exc, capture=telemetry.settings.capture_message_content)
                 span.set_attribute(
                     sc.ERROR_TYPE, str(status) if status is not None else type(exc).__qualname__
                 )

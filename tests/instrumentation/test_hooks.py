@@ -9,7 +9,7 @@ from stagelens.instrumentation import Telemetry
 
 from stagelens import Stage, semconv, stage
 from stagelens.telemetry import set_default_telemetry
-from stagelens.testing import TRACERS
+from stagelens.testing import TRACERS, TracerKind
 
 BOTH_TRACERS = pytest.mark.parametrize("cap", TRACERS, indirect=True)
 """Run a test once per tracer a capture can record through: span shapes must agree."""
@@ -71,6 +71,34 @@ class TestSyncStage:
         span = default_is.span("tokenizer")
         assert span.status.status_code is StatusCode.ERROR
         assert span.attributes[semconv.ERROR_TYPE] == "KeyError"
+
+    @pytest.mark.parametrize("tracer", ["deferred", "sdk"])
+    @pytest.mark.parametrize("capture", [False, True])
+    def test_an_exception_message_reaches_the_span_only_with_content_capture(
+        self, tracer: str, capture: bool
+    ) -> None:
+        """An exception's message can quote the prompt: without content capture the span
+        keeps its type, escaped flag and frames, never the message (event, stack trace,
+        status); with capture on it is recorded as the SDK records it."""
+        from stagelens.testing import capture_telemetry
+
+        kind: TracerKind = "sdk" if tracer == "sdk" else "deferred"
+        with capture_telemetry(tracer=kind, capture_message_content=capture) as cap:
+            set_default_telemetry(cap.telemetry)
+            try:
+                prompt = " ".join(("secret", "prompt", "text"))  # the frames show code only
+                with pytest.raises(ValueError, match="cannot tokenize"), stage(Stage.TOKENIZER):
+                    raise ValueError(f"cannot tokenize: {prompt}")
+            finally:
+                set_default_telemetry(None)
+            span = cap.span("tokenizer")
+        assert span.status.status_code is StatusCode.ERROR
+        (event,) = [e for e in span.events if e.name == "exception"]
+        assert event.attributes is not None
+        assert event.attributes["exception.type"] == "ValueError"
+        assert "test_hooks.py" in str(event.attributes["exception.stacktrace"])
+        shown = repr((span.status.description, dict(event.attributes), dict(span.attributes or {})))
+        assert ("secret prompt text" in shown) is capture
 
     def test_tracing_off_still_records_the_metric(self) -> None:
         """With a no-op tracer provider, stage() costs no span but keeps the histogram."""
