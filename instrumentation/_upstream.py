@@ -369,18 +369,20 @@ class _UpstreamCall(EventReader):
         usage: Usage | None,
         billing: str | None,
     ) -> None:
+        attributes: dict[str, Any] = {}  # set in one call: one per attribute costs ~1 k each
         if self._response_id:
-            span.set_attribute(sc.GEN_AI_RESPONSE_ID, self._response_id)
+            attributes[sc.GEN_AI_RESPONSE_ID] = self._response_id
         if self._response_model:
-            span.set_attribute(sc.GEN_AI_RESPONSE_MODEL, self._response_model)
+            attributes[sc.GEN_AI_RESPONSE_MODEL] = self._response_model
         if self._finish_reasons:
-            span.set_attribute(sc.GEN_AI_RESPONSE_FINISH_REASONS, self._finish_reasons)
+            attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = self._finish_reasons
         if usage is not None:
-            span.set_attribute(sc.GEN_AI_USAGE_INPUT_TOKENS, usage.input_tokens)
-            span.set_attribute(sc.GEN_AI_USAGE_OUTPUT_TOKENS, usage.output_tokens)
-            span.set_attribute(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cached_input_tokens)
+            attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
+            attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+            attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
         if billing == sc.BILLING_ESTIMATED:
-            span.set_attribute(sc.ATTR_USAGE_ESTIMATED, True)
+            attributes[sc.ATTR_USAGE_ESTIMATED] = True
+        span.set_attributes(attributes)
         if error is not None:
             # ClientDisconnected's message is stagelens' own: it says what happened.
             capture = self.telemetry.settings.capture_message_content
