@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import islice
-from operator import sub
 
 from stagelens import semconv as sc
 from stagelens.request import InferenceFacts, RequestState
@@ -26,13 +25,13 @@ def inter_token_gaps(sends: list[float], inference: InferenceFacts) -> list[floa
     """
     gaps: list[float] = []
     sent = len(sends)
-    at = sends.__getitem__
     for marks in inference.choices:
         count = bisect_left(marks, sent)  # marks only grow: those past the end are last
-        if count < 2:
-            continue
-        times = list(map(at, islice(marks, count)))  # in C
-        gaps += map(sub, islice(times, 1, None), times)
+        if count > 1:
+            # A comprehension, not map(): its list index and float subtraction are
+            # specialised bytecode, cheaper than a C call per item on CPython 3.11.
+            later = islice(marks, 1, count)
+            gaps += [sends[b] - sends[a] for a, b in zip(marks, later, strict=False)]
     return gaps
 
 

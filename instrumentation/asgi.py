@@ -34,7 +34,7 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
-from stagelens._instruments import ExemplarRef, OutcomeRecord, PhaseTimes, RequestRecord
+from stagelens._instruments import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -349,36 +349,34 @@ class _RequestTracker:
             if self._sse and inference is not None
             else []
         )
+        duration = end - state.started_at
         settings = telemetry.settings
-        outcome = OutcomeRecord(
-            upstream_ttft=inference.upstream_ttft if inference is not None else None,
-            verdicts=_outcome.sli_verdicts(
-                streamed=state.streamed,
-                code=code,
-                server_failed=code >= 500 or failure is not None,
-                client_gone=client_gone,
-                ttft=ttft,
-                waited=end - state.started_at,
-                gaps=gaps,
-                ttft_threshold=settings.ttft_slo_threshold_seconds,
-                itl_threshold=settings.itl_slo_threshold_seconds,
-            ),
-            unmetered=_outcome.billing_gap(state),
-        )
         try:
             phases = state.phases
             telemetry.instruments.submit(
                 RequestRecord(
                     model=model,
                     code=code_label,
-                    duration=end - state.started_at,
+                    duration=duration,
                     ttft=ttft,
                     gaps=gaps,
                     stages=state.stage_times,
                     phases=PhaseTimes(phases) if phases else None,
                     rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
                     billing=state.billing,
-                    outcome=outcome,
+                    upstream_ttft=inference.upstream_ttft if inference is not None else None,
+                    verdicts=_outcome.sli_verdicts(
+                        streamed=state.streamed,
+                        code=code,
+                        server_failed=code >= 500 or failure is not None,
+                        client_gone=client_gone,
+                        ttft=ttft,
+                        waited=duration,
+                        gaps=gaps,
+                        ttft_threshold=settings.ttft_slo_threshold_seconds,
+                        itl_threshold=settings.itl_slo_threshold_seconds,
+                    ),
+                    unmetered=_outcome.billing_gap(state),
                     genai=state.genai,
                     exemplar=_sampled_trace(state.root_span) if state.recording else None,
                 )

@@ -51,11 +51,11 @@ __all__ = [
     "FastHistogram",
     "Instruments",
     "ModelSeries",
-    "OutcomeRecord",
     "PhaseTimes",
     "RequestRecord",
     "RequestSink",
     "StageTimes",
+    "Verdicts",
     "instruments_for",
 ]
 
@@ -81,15 +81,8 @@ class BillingRecord(NamedTuple):
     cost_usd: float
 
 
-class OutcomeRecord(NamedTuple):
-    """How one request turned out for the SLIs and for metering (issue 15)."""
-
-    upstream_ttft: float | None
-    """Upstream request sent to its first output-bearing event received, seconds."""
-    verdicts: tuple[tuple[str, bool], ...]
-    """(sli, bad) for each SLI that counted the request."""
-    unmetered: str | None
-    """The ``billing`` label value when the server's usage was missing, else None."""
+Verdicts = tuple[tuple[str, bool], ...]
+"""(sli, bad) for each SLI that counted one request."""
 
 
 class RequestRecord(NamedTuple):
@@ -113,8 +106,12 @@ class RequestRecord(NamedTuple):
     rejected_by: str | None
     """The stage that answered the request with an error."""
     billing: BillingRecord | None
-    outcome: OutcomeRecord | None = None
-    """SLI verdicts, upstream time to first token and metering gap."""
+    upstream_ttft: float | None = None
+    """Upstream request sent to its first output-bearing event received, seconds."""
+    verdicts: Verdicts = ()
+    """(sli, bad) for each SLI that counted the request (issue 15)."""
+    unmetered: str | None = None
+    """The ``billing`` label value when the server's usage was missing, else None."""
     genai: GenAICall | None = None
     """The upstream GenAI call, recorded only while a sink wants it (``add_sink``)."""
     exemplar: ExemplarRef | None = None
@@ -131,6 +128,8 @@ _Added = defaultdict[FastCounter, float]
 """Amounts to add, per bound counter."""
 _Exemplars = defaultdict[FastHistogram, Candidates]
 """Exemplar candidates, per bound histogram."""
+_Tally = defaultdict[tuple[ModelSeries, Verdicts], int]
+"""Requests per model and set of SLI verdicts."""
 
 
 def _check(observed: _Observed) -> None:
@@ -412,6 +411,7 @@ class Instruments:
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         kept: _Exemplars = defaultdict(list)
+        verdict_sets: _Tally = defaultdict(int)
         for_model = self.for_model
         keep = self._keep_exemplars
         for (
@@ -424,7 +424,9 @@ class Instruments:
             phases,
             rejected_by,
             billed,
-            outcome,
+            upstream_ttft,
+            verdicts,
+            unmetered,
             _genai,
             ref,
         ) in batch:
@@ -456,17 +458,12 @@ class Instruments:
                     observed[phase(name)].append(seconds)
             if rejected_by is not None:
                 added[series.rejection(rejected_by, code)] += 1
-            if outcome is not None:
-                upstream_ttft, verdicts, unmetered = outcome
-                if upstream_ttft is not None:
-                    observed[series.upstream_ttft()].append(upstream_ttft)
-                for sli, bad in verdicts:
-                    counted, errors = series.sli(sli)
-                    added[counted] += 1
-                    # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
-                    added[errors] += bad
-                if unmetered is not None:
-                    added[series.unmetered(unmetered)] += 1
+            if upstream_ttft is not None:
+                observed[series.upstream_ttft()].append(upstream_ttft)
+            # Counted per distinct set below: most requests of a model share one.
+            verdict_sets[series, verdicts] += 1
+            if unmetered is not None:
+                added[series.unmetered(unmetered)] += 1
             if billed is not None:
                 tenant, input_tokens, output_tokens, cached_tokens, cost = billed
                 billing = self.billing(model, tenant)
@@ -474,6 +471,12 @@ class Instruments:
                 added[billing.output] += output_tokens
                 added[billing.cached_input] += cached_tokens
                 added[billing.cost] += cost
+        for (series, verdicts), requests_counted in verdict_sets.items():
+            for sli, bad in verdicts:
+                counted, errors = series.sli(sli)
+                added[counted] += requests_counted
+                # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
+                added[errors] += requests_counted if bad else 0
         return observed, added, kept
 
     def _collect_each(

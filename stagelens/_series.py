@@ -12,8 +12,7 @@ per bucket) through the same storage.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
-from collections import Counter as Tally
+from bisect import bisect_left, bisect_right
 from functools import partial
 from math import isnan
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -129,13 +128,21 @@ class FastHistogram:
             return
         if any(map(isnan, values)):
             values = [value for value in values if not isnan(value)]
-        # Bucket indexes counted in C (map + collections.Counter): values of one series
-        # mostly touch a few buckets.
-        touched = Tally(map(self._index, values))
+            if not values:
+                return
+        # Sorted once (list.sort compares floats natively), then one run of values per
+        # touched bucket: two bisects and one increment per bucket, not a bisect through
+        # the bounds per value (~1 k instructions each on CPython 3.11).
         self._sum.inc(sum(values))
+        values = sorted(values)
         buckets = self._buckets
-        for index, n in touched.items():
-            buckets[index].inc(n)
+        count = len(values)
+        done = 0
+        while done < count:
+            at = bisect_left(bounds, values[done])
+            upto = bisect_right(values, bounds[at], done)
+            buckets[at].inc(upto - done)
+            done = upto
         if exemplars:  # after the counts: a value that failed to count names no bucket
             self._keep_latest(exemplars)
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import tomllib
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -115,6 +117,31 @@ def test_fast_recording_equals_prometheus_client(multiprocess, monkeypatch, path
         want = [(n.removeprefix("a_"), lbl, v) for n, lbl, v in _samples(a)]
     assert got
     assert sorted(got, key=repr) == sorted(want, key=repr)
+
+
+_BOUNDS = st.sampled_from(INTER_TOKEN_LATENCY_BUCKETS)
+_VALUES = st.lists(
+    st.one_of(st.floats(), _BOUNDS, st.integers(-3, 3), st.floats(0, 3).map(round)), max_size=60
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=_VALUES)
+def test_observe_many_counts_as_observe_would(values: list[float]) -> None:
+    """Any values (bounds, ints, infinities, NaN) observed at once land in the buckets, and
+    add to the count and sum, as observing each in turn through ``observe()`` would."""
+    a, b = CollectorRegistry(), CollectorRegistry()
+    ha = Histogram("h", "h", buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=a)
+    hb = Histogram("h", "h", buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=b)
+    for value in values:
+        if value == value:  # FastHistogram drops NaN; observe() adds it to the sum
+            ha.observe(value)
+    FastHistogram(hb).observe_many(list(values))
+    want = {(n, repr(lbl)): v for n, lbl, v in _samples(a) if not n.endswith("_sum")}
+    got = {(n, repr(lbl)): v for n, lbl, v in _samples(b) if not n.endswith("_sum")}
+    assert got == want
+    total = [v for n, _, v in _samples(b) if n.endswith("_sum")]
+    assert total == [sum((v for v in values if v == v), 0.0)] or total[0] != total[0]
 
 
 @pytest.mark.parametrize("path", ["storage", "exemplar-fallback", "fallback"])

@@ -65,6 +65,34 @@ def test_request_records_are_folded_before_every_collection() -> None:
     assert not instruments._pending
 
 
+def test_sli_verdicts_are_counted_per_model_and_sli() -> None:
+    """Each verdict of each record counts one request of its SLI and model, and one error
+    when bad; a good verdict binds the error series at 0."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    good = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, False))
+    slow = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, True))
+    for model, verdicts in [("a", good), ("a", slow), ("b", good), ("a", slow), ("b", ())]:
+        instruments.submit(_record(model, verdicts=verdicts))
+    instruments.fold()
+    got = {
+        (model, sli): (
+            _value(registry, semconv.SLI_REQUESTS, model=model, sli=sli),
+            _value(registry, semconv.SLI_ERRORS, model=model, sli=sli),
+        )
+        for model in "ab"
+        for sli in (semconv.SLI_AVAILABILITY, semconv.SLI_TTFT, semconv.SLI_ITL)
+    }
+    assert got == {
+        ("a", semconv.SLI_AVAILABILITY): (3.0, 0.0),
+        ("a", semconv.SLI_TTFT): (3.0, 2.0),
+        ("a", semconv.SLI_ITL): (None, None),
+        ("b", semconv.SLI_AVAILABILITY): (1.0, 0.0),
+        ("b", semconv.SLI_TTFT): (1.0, 0.0),
+        ("b", semconv.SLI_ITL): (None, None),
+    }
+
+
 def test_a_rejection_is_counted_by_the_fold() -> None:
     """A record naming the stage that rejected it counts one rejection of that stage."""
     registry = CollectorRegistry()

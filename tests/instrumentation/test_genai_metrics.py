@@ -440,7 +440,9 @@ def test_buckets_are_the_semconv_advice() -> None:
     metrics, reader = _in_memory(latest=True)
     call = GenAICall("chat", True, "engine", 8000, "tiny")
     billing = BillingRecord("t", 10, 4, 0, 0.0)
-    record = RequestRecord("tiny", "200", 0.5, 0.1, [], StageTimes([]), None, None, billing, call)
+    record = RequestRecord(
+        "tiny", "200", 0.5, 0.1, [], StageTimes([]), None, None, billing, genai=call
+    )
     metrics.record([record])
     for name, values in _collected(reader).items():
         (point,) = [p for p in values if p.attributes.get("gen_ai.token.type") != "output"]
