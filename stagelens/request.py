@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextvars
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Final
 
 from opentelemetry import trace
 
@@ -198,9 +199,9 @@ class InferenceFacts:
         output-bearing event (``stagelens_upstream_time_to_first_token_seconds``)."""
 
 
-def current_request() -> RequestState | None:
-    """The state of the request being served in this context, or None outside one."""
-    return _CURRENT.get()
+current_request: Final[Callable[[], RequestState | None]] = _CURRENT.get
+"""The state of the request being served in this context, or None outside one: the
+context variable's own ``get``, one C call (every stage and upstream call reads it)."""
 
 
 def _enter(state: RequestState) -> contextvars.Token[RequestState | None]:
