@@ -26,12 +26,15 @@ def exception_type(exc: BaseException) -> str:
     return f"{module}.{qualname}" if module and module != "builtins" else qualname
 
 
-def record_failure(span: trace.Span, exc: BaseException, *, capture: bool) -> None:
-    """Record ``exc`` on ``span`` (its exception event and an ERROR status), its message
-    only when ``capture`` (content capture) is on."""
+def record_failure(
+    span: trace.Span, exc: BaseException, *, capture: bool, status: bool = True
+) -> None:
+    """Record ``exc`` on ``span`` (its exception event and, with ``status``, an ERROR
+    status), its message only when ``capture`` (content capture) is on."""
     if capture:
         span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        if status:
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         return
     name = exception_type(exc)
     frames = "".join(traceback.format_tb(exc.__traceback__))
@@ -43,4 +46,5 @@ def record_failure(span: trace.Span, exc: BaseException, *, capture: bool) -> No
             "exception.escaped": "False",
         },
     )
-    span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+    if status:
+        span.set_status(Status(StatusCode.ERROR, type(exc).__name__))

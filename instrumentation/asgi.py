@@ -30,6 +30,7 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation import _outcome
 from stagelens.instrumentation._header_logs import quiet_propagator_logs
+from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
@@ -303,8 +304,9 @@ class _RequestTracker:
             hook(span, self._scope)
         except Exception as exc:
             self._mw.telemetry.report_error(name, exc)
-            if span.is_recording():
-                span.record_exception(exc)
+            if span.is_recording():  # a failing hook does not fail the request
+                capture = self._mw.telemetry.settings.capture_message_content
+                record_failure(span, exc, capture=capture, status=False)
 
     def _finish(self, error: BaseException | None) -> None:
         state = self._state
@@ -414,8 +416,8 @@ class _RequestTracker:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
                 root.set_status(Status(StatusCode.ERROR, "client disconnected"))
             elif error is not None:
-                root.record_exception(error)
-                root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                capture = self._mw.telemetry.settings.capture_message_content
+                record_failure(root, error, capture=capture)
                 root.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
             elif code >= 500:
                 root.set_status(Status(StatusCode.ERROR))

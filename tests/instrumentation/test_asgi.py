@@ -521,6 +521,44 @@ class TestContentCapture:
             assert "hello" in attrs[semconv.GEN_AI_INPUT_MESSAGES]
             assert "hi" in attrs[semconv.GEN_AI_OUTPUT_MESSAGES]
 
+    @pytest.mark.parametrize("tracer", TRACERS)
+    @pytest.mark.parametrize("capture", [False, True])
+    async def test_exception_messages_reach_spans_only_with_content_capture(
+        self, tracer: Any, capture: bool, client_factory
+    ) -> None:
+        """An app error and a failing span hook may quote the request: without content
+        capture the root span keeps their types and frames, never their messages (event,
+        stack trace, status); with capture on they are recorded as the SDK records them."""
+        from fastapi import FastAPI
+
+        from stagelens import instrument_app
+        from stagelens.testing import capture_telemetry
+
+        secret = " ".join(("secret", "prompt", "text"))  # built: the frames show code only
+
+        def bad_hook(span: Any, scope: Any) -> None:
+            raise RuntimeError(f"hook saw {secret}")
+
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat() -> None:
+            raise ValueError(f"invalid input_value={secret!r}")
+
+        with capture_telemetry(tracer=tracer, capture_message_content=capture) as cap:
+            instrument_app(app, telemetry=cap.telemetry, request_hook=bad_hook)
+            async with client_factory(app) as client:
+                with pytest.raises(ValueError, match="invalid input_value"):
+                    await client.post("/v1/chat/completions", json={"model": "tiny"})
+            root = _by_name(cap)["POST /v1/chat/completions"]
+        assert root.status.status_code is StatusCode.ERROR
+        types = [e.attributes["exception.type"] for e in root.events if e.name == "exception"]
+        assert types == ["RuntimeError", "ValueError"]
+        shown = repr(
+            (root.status.description, [dict(e.attributes) for e in root.events], root.attributes)
+        )
+        assert (secret in shown) is capture
+
 
 @pytest.fixture
 def unsampled() -> Iterator[Any]:
