@@ -401,6 +401,7 @@ class _RequestTracker:
         assert state is not None
         root = state.root_span
         if root.is_recording():
+            attributes: dict[str, Any] = {"http.response.status_code": code}  # one call
             route = self._scope.get("route")
             route_path = getattr(route, "path", None)
             if isinstance(route_path, str):
@@ -408,10 +409,10 @@ class _RequestTracker:
                 if method not in self._mw.known_methods:
                     method = sc.HTTP_SPAN_NAME_OTHER
                 root.update_name(f"{method} {route_path}")
-                root.set_attribute("http.route", route_path)
-            root.set_attribute("http.response.status_code", code)
+                attributes["http.route"] = route_path
             if ttft is not None:
-                root.set_attribute(sc.ATTR_TTFT, ttft)
+                attributes[sc.ATTR_TTFT] = ttft
+            root.set_attributes(attributes)
             if disconnected and not self._response_done:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
                 root.set_status(Status(StatusCode.ERROR, "client disconnected"))
