@@ -221,7 +221,9 @@ class TestOverOtlp:
             # The client's own decode time over its tokens after the first, and the floor
             # the upstream's scripted gaps set.
             per_token = timed.decode / (timed.usage["completion_tokens"] - 1)
-            assert p.sum >= GAP
+            # At least the scripted gaps, less the jitter of the gateway's first send: a
+            # first token sent a few us late shortens the span it starts (seen: 9.999 ms).
+            assert p.sum >= GAP - 0.001
             # The semconv's definition, with the upstream's token count the client read.
             tokens_after_first = timed.usage["completion_tokens"] - 1
             assert p.sum == pytest.approx((d.sum - t.sum) / tokens_after_first)
