@@ -35,14 +35,12 @@ import contextlib
 import os
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -58,7 +56,8 @@ API_KEY = "sk-stagelens-demo"
 @contextlib.contextmanager
 def _gateway(vllm_url: str, model: str) -> Iterator[tuple[str, str]]:
     """(API URL, internal metrics address) of the reference gateway, served in threads."""
-    from stagelens.reference import create_app, demo_config, metrics_app
+    from stagelens.reference import create_app, demo_config
+    from stagelens.reference.serve import serving_in_threads
 
     from stagelens.testing import capture_telemetry
 
@@ -68,24 +67,8 @@ def _gateway(vllm_url: str, model: str) -> Iterator[tuple[str, str]]:
     with capture_telemetry() as capture:
         app = create_app(config, telemetry=capture.telemetry)
         port, metrics_port = free_port(), free_port()
-        servers = [
-            uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning")),
-            uvicorn.Server(
-                uvicorn.Config(metrics_app(app), port=metrics_port, log_level="warning")
-            ),
-        ]
-        threads = [threading.Thread(target=s.run, daemon=True) for s in servers]
-        for thread in threads:
-            thread.start()
-        while not all(s.started for s in servers):
-            time.sleep(0.05)
-        try:
+        with serving_in_threads(app, port, metrics_port):
             yield f"http://127.0.0.1:{port}", f"127.0.0.1:{metrics_port}"
-        finally:
-            for server in servers:
-                server.should_exit = True
-            for thread in threads:
-                thread.join(timeout=10)
 
 
 def _vllm_metrics(url: str) -> dict[str, float]:

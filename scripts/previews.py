@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
-from stagelens.reference import GatewayConfig, create_app, metrics_app  # noqa: E402
+from stagelens.reference import GatewayConfig, create_app  # noqa: E402
+from stagelens.reference.serve import serving_in_threads  # noqa: E402
 from stagelens.reference.tinymodel import ensure_tiny_model  # noqa: E402
 from stagelens.reference.vllm_server import VllmServer  # noqa: E402
 
@@ -143,16 +142,10 @@ def main() -> int:
         app = create_app(config, telemetry=telemetry)
         # The gateway serves /metrics on an internal port of its own, never on the API's.
         metrics_port = _port()
-        servers = [
-            uvicorn.Server(uvicorn.Config(app, port=gateway_port, log_level="warning")),
-            uvicorn.Server(
-                uvicorn.Config(metrics_app(app), port=metrics_port, log_level="warning")
-            ),
-        ]
-        threads = [threading.Thread(target=s.run, daemon=True) for s in servers]
-        for thread in threads:
-            thread.start()
-        with tempfile.TemporaryDirectory() as tmp:
+        with (
+            serving_in_threads(app, gateway_port, metrics_port),
+            tempfile.TemporaryDirectory() as tmp,
+        ):
             cfg = SloConfig()
             rules = Path(tmp) / "rules.yaml"
             rules.write_text(dump_yaml(render_rules(cfg)))
@@ -172,10 +165,6 @@ def main() -> int:
                 print(f"{sent} requests over {minutes:.1f} minutes")
                 for path in render_previews(prom.prometheus_url, args.out, minutes=minutes):
                     print(path)
-        for server in servers:
-            server.should_exit = True
-        for thread in threads:
-            thread.join(timeout=10)
     finally:
         vllm.stop()
         exporter.terminate()

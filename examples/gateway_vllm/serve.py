@@ -29,12 +29,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
 
 import yaml
+from fastapi import FastAPI
 from stagelens.reference.config import GatewayConfig
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -116,6 +117,37 @@ def serve_metrics(host: str, port: int) -> None:
     from stagelens.exporters.prometheus import exposition_registry
 
     start_http_server(port, addr=host, registry=exposition_registry())
+
+
+@contextlib.contextmanager
+def serving_in_threads(
+    gateway: FastAPI, port: int, metrics_port: int, host: str = "127.0.0.1"
+) -> Iterator[None]:
+    """Serve ``gateway`` (built by ``create_app``) on ``host:port`` and its internal
+    ``/metrics`` on ``host:metrics_port`` from threads of this process, started before the
+    block and stopped after it: for scripts that drive a gateway they built themselves
+    (``scripts/previews.py``, ``benchmarks/disconnect_storm.py``)."""
+    import threading
+
+    import uvicorn
+    from stagelens.reference.app import metrics_app
+
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host=host, port=at, log_level="warning"))
+        for app, at in ((gateway, port), (metrics_app(gateway), metrics_port))
+    ]
+    threads = [threading.Thread(target=server.run, daemon=True) for server in servers]
+    for thread in threads:
+        thread.start()
+    try:
+        while not all(server.started for server in servers):
+            time.sleep(0.05)
+        yield
+    finally:
+        for server in servers:
+            server.should_exit = True
+        for thread in threads:
+            thread.join(timeout=10)
 
 
 def build_parser() -> argparse.ArgumentParser:
