@@ -64,7 +64,7 @@ def _add_headers(
     appended to httpx's entry list, anything else goes through the public API."""
     entries = _compat.header_entries(headers) if present is not None else None
     for name, value in added.items():
-        encoded = _name_bytes(name)
+        encoded = _NAME_BYTES.get(name) or _name_bytes(name)  # a handful of names, cached
         if (
             entries is None
             or present is None
@@ -133,6 +133,17 @@ def _inject(carrier: dict[str, str], context: Context | None) -> None:
     if context is None:
         context = _current_context()
     span_context = trace.get_current_span(context).get_span_context()
+    _inject_w3c(carrier, span_context, context, baggage_propagator)
+
+
+def _inject_w3c(
+    carrier: dict[str, str],
+    span_context: trace.SpanContext,
+    context: Context,
+    baggage_propagator: W3CBaggagePropagator,
+) -> None:
+    """The default propagators' headers for ``span_context`` and the baggage of
+    ``context`` (``_inject`` once the span is found)."""
     if span_context != trace.INVALID_SPAN_CONTEXT:
         carrier["traceparent"] = _traceparent(span_context)
         if span_context.trace_state:
@@ -150,65 +161,42 @@ def _mint_request_id(span_context: trace.SpanContext, recording: bool) -> str:
     return "%032x" % random.getrandbits(128)  # noqa: UP031 (after fork() `random` is reseeded)
 
 
-_REQUEST_ID_NAME: Final = sc.HEADER_REQUEST_ID.encode("ascii")
 _SPAN_KEY: Final = _compat.span_key()
-_TRACEPARENT: Final = b"traceparent"
+
+
+def _current_span_context(context: Context) -> trace.SpanContext:
+    """The context of ``context``'s span: a sampled-out request's root (a
+    ``NonRecordingSpan``) found with one lookup, any other span as the API finds it."""
+    found = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+    current = found if type(found) is NonRecordingSpan else trace.get_current_span(context)
+    return current.get_span_context()
 
 
 def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bool) -> str:
     """Add ``X-Request-Id`` (unless the app set one) and the trace context of ``span``
     (the current context when it is not recorded) to ``request``; return the request id.
 
-    Why two ways: with httpx's entry list at hand and the default propagators (nearly
-    always), the two headers every call gets are appended to the list as
-    ``headers[name] = value`` would append them (their names are not there: the rare
-    header that is, and ``tracestate`` and ``baggage``, go through the public API). Any
-    other case goes through ``_inject`` and ``_add_headers``. Both are tested against the
-    public API.
+    With the default propagators the span context is read once, from the span itself when
+    it is recorded (no context built around it) and from the current context otherwise.
     """
     headers = request.headers
-    entries = _compat.header_entries(headers)
-    baggage_propagator = _default_baggage_propagator()
-    if entries is None or baggage_propagator is None:
-        return _add_any_headers(headers, span, recording)
-    present = list(map(_ENTRY_KEY, entries))  # in C; a handful of names
-    context = _current_context()  # the span's, but for the span: baggage is read from it
-    if recording:
-        span_context = span.get_span_context()
-    else:  # the current span: the sampled-out request's root, found with one lookup
-        found = context.get(_SPAN_KEY) if _SPAN_KEY is not None else None
-        current = found if type(found) is NonRecordingSpan else trace.get_current_span(context)
-        span_context = current.get_span_context()
-    request_id = headers.get(sc.HEADER_REQUEST_ID) if REQUEST_ID_KEY in present else None
-    if request_id is None:
-        request_id = _mint_request_id(span_context, recording)
-        entries.append((_REQUEST_ID_NAME, REQUEST_ID_KEY, request_id.encode("ascii")))
-    if span_context != trace.INVALID_SPAN_CONTEXT:
-        traceparent = _traceparent(span_context)
-        if _TRACEPARENT in present:
-            headers["traceparent"] = traceparent
-        else:
-            entries.append((_TRACEPARENT, _TRACEPARENT, traceparent.encode("ascii")))
-        if span_context.trace_state:
-            headers["tracestate"] = span_context.trace_state.to_header()
-    if baggage.get_all(context):
-        carrier: dict[str, str] = {}
-        baggage_propagator.inject(carrier, context=context)
-        for name, value in carrier.items():
-            headers[name] = value
-    return request_id
-
-
-def _add_any_headers(headers: httpx.Headers, span: trace.Span, recording: bool) -> str:
-    """``add_upstream_headers`` for any propagator and any header list."""
-    added: dict[str, str] = {}
     present = _header_names(headers)
     request_id: str | None = None
     if present is None or REQUEST_ID_KEY in present:
         request_id = headers.get(sc.HEADER_REQUEST_ID)
-    if request_id is None:
-        request_id = _mint_request_id(span.get_span_context(), recording)
-        added[sc.HEADER_REQUEST_ID] = request_id
-    _inject(added, trace.set_span_in_context(span) if recording else None)
+    added: dict[str, str] = {}
+    baggage_propagator = _default_baggage_propagator()
+    if baggage_propagator is None:  # other propagators: called as they are
+        if request_id is None:
+            request_id = added[sc.HEADER_REQUEST_ID] = _mint_request_id(
+                span.get_span_context(), recording
+            )
+        _inject(added, trace.set_span_in_context(span) if recording else None)
+    else:
+        context = _current_context()  # the span's, but for the span: baggage is read from it
+        span_context = span.get_span_context() if recording else _current_span_context(context)
+        if request_id is None:
+            request_id = added[sc.HEADER_REQUEST_ID] = _mint_request_id(span_context, recording)
+        _inject_w3c(added, span_context, context, baggage_propagator)
     _add_headers(headers, added, present)
     return request_id
