@@ -143,7 +143,7 @@ class _UpstreamCall(EventReader):
         request_id = add_upstream_headers(request, self.span, recording)
         if state is not None:
             state.request_id = request_id
-        if recording:
+        if recording and request_id is not None:
             self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
         self._payload = payload
         self._t0 = time.perf_counter()

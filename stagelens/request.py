@@ -86,6 +86,8 @@ class RequestState:
         self.disconnected = False
         self.code: int | None = None
         self.request_id: str | None = None
+        """The ``X-Request-Id`` of the latest upstream call: the app's own, or the one
+        stagelens minted for a recorded inference span; None when none was sent."""
         self.stage_times = StageTimes([])
         """(stage, seconds) recorded at request end, when the model label is known."""
         self.tokenless = False

@@ -43,7 +43,7 @@ ATTR_COST_USD: Final = "stagelens.cost_usd"
 ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
 """On the inference span: the request id the vLLM server used (links the engine side)."""
 ATTR_REQUEST_ID: Final = "stagelens.request_id"
-"""The ``X-Request-Id`` stagelens propagated upstream."""
+"""The ``X-Request-Id`` sent upstream (the app's own, or the one stagelens minted)."""
 ATTR_CLIENT_DISCONNECTED: Final = "stagelens.client_disconnected"
 """True when the client went away before the last byte was sent."""
 ATTR_USAGE_ESTIMATED: Final = "stagelens.usage.estimated"
@@ -166,7 +166,9 @@ SPAN_ENGINE_DECODE: Final = "decode"
 # HTTP headers
 # --------------------------------------------------------------------------------------
 HEADER_REQUEST_ID: Final = "x-request-id"
-"""Request id propagated to the vLLM server (vLLM uses it as its own request id)."""
+"""Request id sent to the vLLM server, which uses it as its own request id: the app's own,
+else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
+by it); none is minted for a call whose trace is sampled out."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels

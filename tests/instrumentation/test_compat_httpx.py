@@ -96,7 +96,15 @@ def test_header_entries_fast_path_and_fallback_agree(
         root.end()
     assert fast_id == public_id
     assert fast.headers.raw == public.headers.raw
-    assert fast.headers[sc.HEADER_REQUEST_ID] == fast_id
+    assert fast.headers.get(sc.HEADER_REQUEST_ID) == fast_id
+    if "X-Request-ID" in dict(existing):
+        assert fast_id == "from-the-app"  # the app's own id is kept, recorded or not
+    elif recording:
+        assert fast_id == f"{span.get_span_context().trace_id:032x}-" + (
+            f"{span.get_span_context().span_id:016x}"
+        )
+    else:
+        assert fast_id is None  # an unrecorded call names no request: no id is sent
     assert ("baggage" in fast.headers) is (with_baggage or "baggage" in dict(existing))
     assert fast.headers["traceparent"].split("-")[1] == f"{root.get_span_context().trace_id:032x}"
 
