@@ -13,8 +13,10 @@ import contextlib
 import logging
 import threading
 import weakref
+from collections import Counter as Tally
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any, Final, NamedTuple, NewType
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -128,8 +130,6 @@ _Added = defaultdict[FastCounter, float]
 """Amounts to add, per bound counter."""
 _Exemplars = defaultdict[FastHistogram, Candidates]
 """Exemplar candidates, per bound histogram."""
-_Tally = defaultdict[tuple[ModelSeries, Verdicts], int]
-"""Requests per model and set of SLI verdicts."""
 
 
 def _check(observed: _Observed) -> None:
@@ -407,77 +407,89 @@ class Instruments:
         """The observations and increments of ``batch``, per bound series, and the exemplar
         candidates of its sampled requests (their TTFT, request duration and stage times,
         in the order the requests ended; none in multiprocess mode, whose files keep none).
-        Gathered in the same pass: a sampled-out record costs one test."""
+
+        Gathered per model, field by field: a batch is nearly always one model (and one
+        status code, one tenant), so each field's values are one comprehension over the
+        records and each series is looked up once per batch, not once per request (a
+        lookup is a method call, a value a few bytecodes)."""
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         kept: _Exemplars = defaultdict(list)
-        verdict_sets: _Tally = defaultdict(int)
-        for_model = self.for_model
-        keep = self._keep_exemplars
-        for (
-            model,
-            code,
-            duration,
-            ttft,
-            gaps,
-            stages,
-            phases,
-            rejected_by,
-            billed,
-            upstream_ttft,
-            verdicts,
-            unmetered,
-            _genai,
-            ref,
-        ) in batch:
-            series = for_model(model)
-            request_duration, requests = series.outcome(code)
-            observed[request_duration].append(duration)
-            added[requests] += 1
-            stage = series.stage
-            if ref is None or not keep:
-                if ttft is not None:
-                    observed[series.ttft()].append(ttft)
-                for name, seconds in stages:
-                    observed[stage(name)].append(seconds)
-            else:
-                kept[request_duration].append((duration, ref))
-                if ttft is not None:
-                    ttft_series = series.ttft()
-                    observed[ttft_series].append(ttft)
-                    kept[ttft_series].append((ttft, ref))
-                for name, seconds in stages:
-                    stage_series = stage(name)
-                    observed[stage_series].append(seconds)
-                    kept[stage_series].append((seconds, ref))
-            if gaps:
-                observed[series.itl()] += gaps
-            if phases:
-                phase = series.phase
-                for name, seconds in phases:
-                    observed[phase(name)].append(seconds)
-            if rejected_by is not None:
-                added[series.rejection(rejected_by, code)] += 1
-            if upstream_ttft is not None:
-                observed[series.upstream_ttft()].append(upstream_ttft)
-            # Counted per distinct set below: most requests of a model share one.
-            verdict_sets[series, verdicts] += 1
-            if unmetered is not None:
-                added[series.unmetered(unmetered)] += 1
-            if billed is not None:
-                tenant, input_tokens, output_tokens, cached_tokens, cost = billed
-                billing = self.billing(model, tenant)
-                added[billing.input] += input_tokens
-                added[billing.output] += output_tokens
-                added[billing.cached_input] += cached_tokens
-                added[billing.cost] += cost
-        for (series, verdicts), requests_counted in verdict_sets.items():
-            for sli, bad in verdicts:
-                counted, errors = series.sli(sli)
-                added[counted] += requests_counted
-                # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
-                added[errors] += requests_counted if bad else 0
+        models = {record.model for record in batch}
+        for model in models:
+            records = batch if len(models) == 1 else [r for r in batch if r.model == model]
+            self._collect_model(model, records, observed, added, kept)
         return observed, added, kept
+
+    def _collect_model(
+        self,
+        model: str,
+        records: list[RequestRecord],
+        observed: _Observed,
+        added: _Added,
+        kept: _Exemplars,
+    ) -> None:
+        """``_collect`` for the records of one ``model``."""
+        series = self.for_model(model)
+        codes = {record.code for record in records}
+        for code in codes:
+            request_duration, requests = series.outcome(code)
+            mine = records if len(codes) == 1 else [r for r in records if r.code == code]
+            observed[request_duration] += [r.duration for r in mine]
+            added[requests] += len(mine)
+        ttfts = [r.ttft for r in records if r.ttft is not None]
+        if ttfts:
+            observed[series.ttft()] += ttfts
+        gaps = list(chain.from_iterable([r.gaps for r in records]))
+        if gaps:
+            observed[series.itl()] += gaps
+        upstream_ttfts = [r.upstream_ttft for r in records if r.upstream_ttft is not None]
+        if upstream_ttfts:
+            observed[series.upstream_ttft()] += upstream_ttfts
+        # What a record holds several of, or rarely: one pass, gathered by label value.
+        stages: defaultdict[str, list[float]] = defaultdict(list)
+        phases: defaultdict[str, list[float]] = defaultdict(list)
+        stage_candidates: defaultdict[str, Candidates] = defaultdict(list)
+        keep = self._keep_exemplars
+        for record in records:
+            for name, seconds in record.stages:
+                stages[name].append(seconds)
+            if record.phases:
+                for name, seconds in record.phases:
+                    phases[name].append(seconds)
+            if record.rejected_by is not None:
+                added[series.rejection(record.rejected_by, record.code)] += 1
+            if record.unmetered is not None:
+                added[series.unmetered(record.unmetered)] += 1
+            ref = record.exemplar
+            if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
+                kept[series.outcome(record.code)[0]].append((record.duration, ref))
+                if record.ttft is not None:
+                    kept[series.ttft()].append((record.ttft, ref))
+                for name, seconds in record.stages:
+                    stage_candidates[name].append((seconds, ref))
+        for name, values in stages.items():
+            observed[series.stage(name)] += values
+        for name, candidates in stage_candidates.items():
+            kept[series.stage(name)] += candidates
+        for name, values in phases.items():
+            observed[series.phase(name)] += values
+        # Counted per distinct set of verdicts: most requests of a model share one.
+        for verdicts, counted in Tally([r.verdicts for r in records]).items():
+            for sli, bad in verdicts:
+                requests_counted, errors = series.sli(sli)
+                added[requests_counted] += counted
+                # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
+                added[errors] += counted if bad else 0
+        bills = [r.billing for r in records if r.billing is not None]
+        tenants = {bill.tenant for bill in bills}
+        for tenant in tenants:
+            theirs = bills if len(tenants) == 1 else [b for b in bills if b.tenant == tenant]
+            billing = self.billing(model, tenant)
+            added[billing.input] += sum([b.input_tokens for b in theirs])
+            added[billing.output] += sum([b.output_tokens for b in theirs])
+            added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
+            added[billing.cost] += sum([b.cost_usd for b in theirs])
 
     def _collect_each(
         self, batch: list[RequestRecord], failed: list[Exception]

@@ -126,14 +126,16 @@ class FastHistogram:
             for value in values:
                 self._child.observe(value)
             return
-        if any(map(isnan, values)):
+        total = sum(values)
+        if total != total:  # a NaN among them (or infinities of both signs): leave NaN out
             values = [value for value in values if not isnan(value)]
             if not values:
                 return
+            total = sum(values)
         # Sorted once (list.sort compares floats natively), then one run of values per
         # touched bucket: two bisects and one increment per bucket, not a bisect through
         # the bounds per value (~1 k instructions each on CPython 3.11).
-        self._sum.inc(sum(values))
+        self._sum.inc(total)
         values = sorted(values)
         buckets = self._buckets
         count = len(values)

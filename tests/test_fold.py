@@ -7,12 +7,15 @@ import logging
 from typing import Any, cast
 
 import pytest
-from prometheus_client import CollectorRegistry
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from stagelens import semconv
+from stagelens import buckets, semconv
 from stagelens._instruments import (
     FOLD_EVERY,
     BillingRecord,
+    ExemplarRef,
     Instruments,
     PhaseTimes,
     RequestRecord,
@@ -255,3 +258,130 @@ def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
     assert len(logged) == 1
     assert "KeyError" in logged[0]
     assert "DO-NOT-LOG" not in logged[0]
+
+
+_MODELS = st.sampled_from(["m", "n", "other"])
+_SECONDS = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+_VERDICTS = st.lists(
+    st.tuples(st.sampled_from(["availability", "ttft", "itl", "goodput"]), st.booleans()),
+    max_size=4,
+    unique_by=lambda verdict: verdict[0],
+).map(tuple)
+_RECORDS = st.builds(
+    RequestRecord,
+    model=_MODELS,
+    code=st.sampled_from(["200", "429", "503"]),
+    duration=_SECONDS,
+    ttft=st.none() | _SECONDS,
+    gaps=st.lists(_SECONDS, max_size=5),
+    stages=st.lists(
+        st.tuples(st.sampled_from(["gateway", "tokenizer", "inference", "billing"]), _SECONDS),
+        max_size=5,
+    ).map(StageTimes),
+    phases=st.none()
+    | st.lists(
+        st.tuples(st.sampled_from(["queue", "prefill", "decode"]), _SECONDS), max_size=3
+    ).map(PhaseTimes),
+    rejected_by=st.none() | st.sampled_from(["gateway", "inference"]),
+    billing=st.none()
+    | st.builds(
+        BillingRecord,
+        tenant=st.sampled_from(["acme", "other"]),
+        input_tokens=st.integers(0, 10_000),
+        output_tokens=st.integers(0, 10_000),
+        cached_input_tokens=st.integers(0, 10_000),
+        cost_usd=st.floats(min_value=0.0, max_value=10.0),
+    ),
+    upstream_ttft=st.none() | _SECONDS,
+    verdicts=_VERDICTS,
+    unmetered=st.none() | st.sampled_from(["estimated", "unbilled"]),
+    exemplar=st.none() | st.builds(ExemplarRef, st.just(1), st.just(2), st.just(3.0)),
+)
+
+
+def _reference(records: list[RequestRecord]) -> CollectorRegistry:
+    """What each record means, written through prometheus-client's public API one value at
+    a time (no fold, no bound series): the yardstick a batch's fold must equal."""
+    registry = CollectorRegistry()
+    settings = Settings()
+
+    def histogram(name: str, labels: list[str], buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, name, labels, buckets=buckets, registry=registry)
+
+    def counter(name: str, labels: list[str]) -> Counter:
+        return Counter(name, name, labels, registry=registry)
+
+    ttft_bounds = buckets.ttft_buckets(settings.ttft_slo_threshold_seconds)
+    duration = histogram(
+        semconv.REQUEST_DURATION, ["model", "code"], buckets.REQUEST_DURATION_BUCKETS
+    )
+    ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model"], ttft_bounds)
+    itl = histogram(semconv.INTER_TOKEN_LATENCY, ["model"], buckets.INTER_TOKEN_LATENCY_BUCKETS)
+    stage = histogram(semconv.STAGE_DURATION, ["stage", "model"], buckets.STAGE_DURATION_BUCKETS)
+    phase = histogram(
+        semconv.ENGINE_PHASE_DURATION, ["phase", "model"], buckets.ENGINE_PHASE_BUCKETS
+    )
+    upstream = histogram(semconv.UPSTREAM_TTFT, ["model"], ttft_bounds)
+    requests = counter(semconv.REQUESTS, ["model", "code"])
+    rejections = counter(semconv.REJECTIONS, ["stage", "model", "code"])
+    unmetered = counter(semconv.UNMETERED_REQUESTS, ["model", "billing"])
+    sli_requests = counter(semconv.SLI_REQUESTS, ["model", "sli"])
+    sli_errors = counter(semconv.SLI_ERRORS, ["model", "sli"])
+    tokens = counter(semconv.TOKENS, ["model", "tenant", "type"])
+    cost = counter(semconv.COST_USD, ["model", "tenant"])
+    for r in records:
+        duration.labels(r.model, r.code).observe(r.duration)
+        requests.labels(r.model, r.code).inc()
+        if r.ttft is not None:
+            ttft.labels(r.model).observe(r.ttft)
+        for gap in r.gaps:
+            itl.labels(r.model).observe(gap)
+        for name, seconds in r.stages:
+            stage.labels(name, r.model).observe(seconds)
+        for name, seconds in r.phases or ():
+            phase.labels(name, r.model).observe(seconds)
+        if r.upstream_ttft is not None:
+            upstream.labels(r.model).observe(r.upstream_ttft)
+        if r.rejected_by is not None:
+            rejections.labels(r.rejected_by, r.model, r.code).inc()
+        if r.unmetered is not None:
+            unmetered.labels(r.model, r.unmetered).inc()
+        for sli, bad in r.verdicts:
+            sli_requests.labels(r.model, sli).inc()
+            sli_errors.labels(r.model, sli).inc(1 if bad else 0)
+        if r.billing is not None:
+            b = r.billing
+            tokens.labels(r.model, b.tenant, "input").inc(b.input_tokens)
+            tokens.labels(r.model, b.tenant, "output").inc(b.output_tokens)
+            tokens.labels(r.model, b.tenant, "cached_input").inc(b.cached_input_tokens)
+            cost.labels(r.model, b.tenant).inc(b.cost_usd)
+    return registry
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every stagelens counter and histogram sample (no created stamps)."""
+    found: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for metric in registry.collect():
+        if metric.type not in ("counter", "histogram"):  # the configured budgets: no fold's
+            continue
+        for sample in metric.samples:
+            name = sample.name
+            if name.startswith("stagelens_") and not name.endswith("_created"):
+                found[(name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_RECORDS, min_size=1, max_size=2 * FOLD_EVERY))
+def test_a_fold_equals_each_value_observed_one_by_one(records: list[RequestRecord]) -> None:
+    """However a batch mixes models, codes, tenants, stages, verdicts and sampled requests,
+    folding it writes what observing each of its values through prometheus-client's public
+    API writes: same series, same bucket counts, sums equal up to float rounding."""
+    registry = CollectorRegistry()
+    instruments = Instruments(registry, Settings())
+    for record in records:
+        instruments.submit(record)
+    instruments.fold()
+    got, want = _samples(registry), _samples(_reference(records))
+    for key in got.keys() | want.keys():  # a series bound at 0 in one only: no matter
+        assert got.get(key, 0.0) == pytest.approx(want.get(key, 0.0), rel=1e-9, abs=1e-9), key
