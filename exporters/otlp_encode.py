@@ -41,7 +41,7 @@ _FLAGS_LOCAL: Final = b"\x85\x01" + _fixed32(0x100)  # Span.flags = 16, fixed32
 _FLAGS_REMOTE: Final = b"\x85\x01" + _fixed32(0x300)
 _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status = 15, an empty Status
 _CACHE_LIMIT: Final = 4096
-_cached_pairs: dict[tuple[str, str, bytes], bytes] = {}
+_cached_pairs: dict[tuple[str, Any, type, bytes], bytes] = {}
 
 
 def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:
@@ -143,39 +143,35 @@ _keys: dict[str, bytes] = {}
 
 
 def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
-    """Repeated ``KeyValue`` under ``tag``; string pairs come from a bounded cache, and
-    numbers and booleans are written inline (no Python call per attribute)."""
+    """Repeated ``KeyValue`` under ``tag``. A string, integer or boolean pair comes from a
+    bounded cache (the same few recur in every trace: stage names, the method, the port, a
+    status code, the stream flag); a float, nearly always new, is written inline; anything
+    else goes through ``_value``."""
     if not attributes:
         return b""
     out = []
     for key, value in attributes.items():
         kind = type(value)
-        if kind is str:
-            cache_key = (key, value, tag)
+        if kind is str or kind is int or kind is bool:
+            cache_key = (key, value, kind, tag)  # the kind: True == 1 as a dict key
             encoded = _cached_pairs.get(cache_key)
             if encoded is None:
-                text = _ld(b"\x0a", value.encode())
-                pair = _ld(b"\x0a", key.encode()) + _ld(b"\x12", text)
-                encoded = _remember(_cached_pairs, cache_key, _ld(tag, pair))
+                body = _value(value) or b""  # never None for these kinds
+                encoded = _remember(_cached_pairs, cache_key, _pair(key, body, tag))
             out.append(encoded)
-            continue
-        key_field = _keys.get(key) or _remember(_keys, key, _ld(b"\x0a", key.encode()))
-        if kind is float:  # AnyValue.double_value = 4: 9 bytes, KeyValue.value = 2
-            pair = key_field + b"\x12\x09\x21" + _double(value)
-        elif kind is int and 0 <= value < 0x80:  # int_value = 3, one varint byte
-            pair = key_field + b"\x12\x02\x18" + bytes((value,))
-        elif kind is int and 0 <= value < 0x4000:  # two varint bytes (ports, codes, tokens)
-            pair = key_field + b"\x12\x03\x18" + bytes(((value & 0x7F) | 0x80, value >> 7))
-        elif kind is bool:  # bool_value = 2
-            pair = key_field + (b"\x12\x02\x10\x01" if value else b"\x12\x02\x10\x00")
+        elif kind is float:  # AnyValue.double_value = 4: 9 bytes, KeyValue.value = 2
+            key_field = _keys.get(key) or _remember(_keys, key, _ld(b"\x0a", key.encode()))
+            out.append(_ld(tag, key_field + b"\x12\x09\x21" + _double(value)))
         else:
             other = _value(value)
-            if other is None:
-                continue
-            pair = key_field + _ld(b"\x12", other)
-        n = len(pair)
-        out.append(tag + (bytes((n,)) if n < 0x80 else _varint(n)) + pair)
+            if other is not None:
+                out.append(_pair(key, other, tag))
     return b"".join(out)
+
+
+def _pair(key: str, value: bytes, tag: bytes) -> bytes:
+    """One ``KeyValue`` field under ``tag``: the key and the ``AnyValue`` body ``value``."""
+    return _ld(tag, _ld(b"\x0a", key.encode()) + _ld(b"\x12", value))
 
 
 def _remember(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:

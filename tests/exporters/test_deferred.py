@@ -360,8 +360,8 @@ def test_forked_child_exports_through_a_new_worker(tmp_path) -> None:
 
 def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
     """Trace state, two scopes, ints on each side of the varint lengths, negative and huge
-    ints, bytes, unicode, empty strings, long (multi-byte length) values and keys and an
-    ERROR without description."""
+    ints, bytes, unicode, empty strings, long (multi-byte length) values and keys, a key
+    that is True on one span and 1 on the other, and an ERROR without description."""
     from opentelemetry.trace import TraceState
 
     provider, _, _ = memory
@@ -388,6 +388,8 @@ def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
                 "true": True,
                 "false": False,
                 "k" * 200: 1.5,  # a pair longer than 127 bytes
+                # Equal as dict keys, not as attributes: the pair cache tells them apart.
+                "same": True if tracer is first else 1,
             }
         )
         span.set_status(StatusCode.ERROR)
