@@ -83,11 +83,18 @@ def is_done(payload: bytes) -> bool:
     return payload.strip() == DONE
 
 
+def _keys(name: bytes) -> tuple[bytes, bytes]:
+    return name + b':"', name + b': "'
+
+
+_CHAT_KEYS: Final = _keys(b'"content"')
+_TEXT_KEYS: Final = _keys(b'"text"')
+
+
 def content_keys(chat: bool) -> tuple[bytes, bytes]:
     """The output key of a chat (``content``) or completion (``text``) event, followed by
     the opening quote of its value, as compact JSON (vLLM) and as ``json.dumps`` spaces it."""
-    name = b'"content"' if chat else b'"text"'
-    return name + b':"', name + b': "'
+    return _CHAT_KEYS if chat else _TEXT_KEYS
 
 
 def output_fast(payload: bytes, key: bytes) -> bool:

@@ -102,8 +102,9 @@ class _UpstreamCall(EventReader):
         self.model = str(payload.get("model") or telemetry.settings.default_model)
         self.stream = stream = payload.get("stream", False) is True
         if state is not None and not state.recording:
-            # Sampled out: propagate the root's (unsampled) context, build nothing.
-            self.span: trace.Span = trace.NonRecordingSpan(state.root_span.get_span_context())
+            # Sampled out: the root itself (unrecorded) stands for the call's span: its
+            # context is the one propagated, and nothing is built.
+            self.span: trace.Span = state.root_span
         else:
             self.span = telemetry.tracer.start_span(
                 f"{operation} {self.model}",

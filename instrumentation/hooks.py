@@ -18,7 +18,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
@@ -73,6 +73,7 @@ class Rejected(Exception):
         }
 
 
+_perf_counter: Final = time.perf_counter
 _STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
 """Stage members to label values without the enum's ``.value`` descriptor on each use."""
 
@@ -86,15 +87,16 @@ class stage:
     """Time a block or function as one stage: a child span plus ``stagelens_stage_duration``."""
 
     __slots__ = ("_attributes", "_ctx_token", "_name", "_span", "_state", "_t0", "_telemetry")
+    _state: RequestState | None
+    _telemetry: Telemetry | None
+    _t0: float
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
         self._name = _STAGE_NAMES.get(name) or str(name)
         self._attributes = attributes
         self._span: trace.Span | None = None
         self._ctx_token: contextvars.Token[Context] | None = None
-        self._state: RequestState | None = None
-        self._telemetry: Telemetry | None = None
-        self._t0 = 0.0
+        # _state, _telemetry and _t0 are set by every path of __enter__.
 
     @property
     def name(self) -> str:
@@ -113,12 +115,14 @@ class stage:
             # Suppressed (opentelemetry.instrumentation.utils.suppress_instrumentation()):
             # no span and no metric, as contrib instrumentors do; the block just runs.
             self._state = self._telemetry = None
+            self._t0 = 0.0
             return self
         state = current_request()
         if state is not None and not state.recording:
             # Trace sampled out (parent-based sampling): no child span, timing only.
             self._state = state
-            self._t0 = time.perf_counter()
+            self._telemetry = None
+            self._t0 = _perf_counter()
             return self
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
@@ -129,7 +133,7 @@ class stage:
             span.set_attributes(dict(self._attributes))
         self._span = span
         self._ctx_token = context.attach(trace.set_span_in_context(span, ctx))
-        self._t0 = time.perf_counter()
+        self._t0 = _perf_counter()
         return self
 
     def __exit__(
@@ -138,8 +142,8 @@ class stage:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        elapsed = time.perf_counter() - self._t0
-        span, telemetry, state = self._span, self._telemetry, self._state
+        elapsed = _perf_counter() - self._t0
+        telemetry, state = self._telemetry, self._state
         if telemetry is None:
             if state is not None:  # sampled out: the timing is all there is
                 self._state = None
@@ -149,6 +153,7 @@ class stage:
                     if status is not None and status >= 400:
                         state.reject(self._name)
             return
+        span = self._span
         if self._ctx_token is not None:
             try:
                 context.detach(self._ctx_token)
