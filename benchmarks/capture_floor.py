@@ -11,7 +11,8 @@ header list appended to, JSON read by the C scanner, httpcore's stream read dire
 - the request's duration and five stage timings (gateway, tokenizer, router,
   post-processing, billing) on a per-request object found through a ContextVar;
 - on the upstream call: the model and stream flag from the request body, ``traceparent``
-  and ``X-Request-Id`` added, the stream's tail kept, the usage event parsed at its end
+  added (as stagelens adds it to a sampled-out call: no ``X-Request-Id``, which only names
+  a recorded span), the stream's tail kept, the usage event parsed at its end
   for tokens and the engine's phase timings, the inference stage timed.
 
 Left out, so the floor is a lower bound: recording into Prometheus, spans and every
@@ -108,7 +109,7 @@ def middleware(app: ASGIApp) -> ASGIApp:
 
 
 class Transport(httpx.AsyncBaseTransport):
-    """Adds the two propagated headers and hands back a stream that keeps its tail."""
+    """Adds ``traceparent`` and hands back a stream that keeps its tail."""
 
     def __init__(self, wrapped: httpx.AsyncBaseTransport) -> None:
         self._wrapped = wrapped
@@ -118,9 +119,8 @@ class Transport(httpx.AsyncBaseTransport):
         model, streamed = payload.get("model"), payload.get("stream")
         trace_id = f"{random.getrandbits(128):032x}"
         traceparent = f"00-{trace_id}-{random.getrandbits(64):016x}-00".encode()
-        request.headers._list += (  # type: ignore[attr-defined]
-            (b"traceparent", b"traceparent", traceparent),
-            (b"x-request-id", b"x-request-id", trace_id.encode()),
+        request.headers._list.append(  # type: ignore[attr-defined]
+            (b"traceparent", b"traceparent", traceparent)
         )
         started = time.perf_counter()
         response = await self._wrapped.handle_async_request(request)

@@ -234,7 +234,9 @@ def serve(
         "--app-dir",
         str(module_dir),
     ]
-    return subprocess.Popen(cmd, env={**os.environ, **env}, stderr=stderr)
+    # Run from the programs' folder: ``python -m`` puts the working directory first on
+    # sys.path, and a checkout's own ``stagelens/`` there would shadow PYTHONPATH.
+    return subprocess.Popen(cmd, env={**os.environ, **env}, stderr=stderr, cwd=module_dir)
 
 
 def wait_up(url: str, timeout: float = 30) -> None:
@@ -298,7 +300,15 @@ async def measure(
 def check_full_work(metrics_url: str) -> None:
     """Refuse a flattering figure: the instrumented proxy must really have parsed usage,
     billed it and recorded engine phases for the requests it served."""
-    text = httpx.get(metrics_url, timeout=10).text
+    problem = full_work_problem(httpx.get(metrics_url, timeout=10).text)
+    if problem is not None:
+        raise SystemExit(problem)
+
+
+def full_work_problem(text: str, served: int | None = None) -> str | None:
+    """What an instrumented proxy's ``/metrics`` text says it failed to do (None: every
+    request counted, its output tokens billed and its engine phases recorded);
+    ``served``: the number of requests it must have counted."""
 
     def total(prefix: str) -> float:
         return sum(
@@ -310,11 +320,15 @@ def check_full_work(metrics_url: str) -> None:
     output_tokens = total('stagelens_tokens_total{model="tiny",tenant="other",type="output"}')
     phases = total("stagelens_engine_phase_duration_seconds_count")
     requests = total('stagelens_requests_total{code="200",model="tiny"}')  # not /docs
-    if not (output_tokens >= 16 * requests > 0 and phases >= 3 * requests):
-        raise SystemExit(
-            f"instrumented proxy did not do the full work: {requests} requests, "
+    if not (output_tokens >= 16 * requests > 0 and phases >= 3 * requests) or (
+        served is not None and requests != served
+    ):
+        return (
+            f"instrumented proxy did not do the full work: {requests} requests"
+            f"{'' if served is None else f' of {served}'}, "
             f"{output_tokens} output tokens billed, {phases} engine phases"
         )
+    return None
 
 
 def main() -> None:

@@ -13,12 +13,27 @@ out, so the ratios are upper bounds on the overhead).
 The proxy of ``overhead.py`` (uvicorn, one worker, real sockets) runs under
 ``valgrind --tool=cachegrind --cache-sim=no``; the upstream (16 SSE chunks) and the OTLP
 sink run natively. Each variant runs twice, serving ``--small`` and ``--large`` sequential
-requests; the difference divided by the request difference is the per-request count, with
-start-up and shutdown cancelled out. All threads count: the ``stagelens`` variant includes
-its export worker encoding and POSTing spans (in full batches of 512, as at real speed).
+requests, then is scraped once (``GET /metrics``); the difference divided by the request
+difference is the per-request count, with start-up and shutdown cancelled out.
+
+Why the scrape: stagelens folds finished requests into its series in batches of
+``FOLD_EVERY`` (32) and before every collection. Without it, a run of 30 requests folds
+none and a run of 230 folds 224, and binds every series child on its first fold: the
+difference then carried that one-time binding (several million instructions, ~40 k per
+request over 200) and 24 extra records' folds. With it, both runs fold all their requests
+and bind the same children, and only the per-request fold remains in the difference.
+
+All threads count: the ``stagelens`` variant includes its export worker encoding and
+POSTing spans (in full batches of 512, as at real speed).
 
     .venv/bin/python benchmarks/overhead_instructions.py [--variants bare,floor,metrics,stagelens]
         [--small 30] [--large 230] [--events 16] [--long-small 4] [--long-large 14]
+
+``--against REF`` also runs each instrumented variant on the stagelens code of git
+revision ``REF`` (``metrics@REF``, ``stagelens@REF``), in the same run: the figures the
+no-regression rule compares, measured side by side rather than against a number written
+down on another day (the bare proxy, upstream and sink are the same for both; the code of
+``REF`` is exported with ``git archive`` and put first on the proxy's ``PYTHONPATH``).
 
 The proxy asks for the usage event (``stream_options.include_usage``), as a gateway that
 bills does; the upstream, like vLLM, sends it only when asked. ``--no-usage``: the proxy
@@ -54,14 +69,25 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import cpu_seconds, free_port, one, proxy_env, serve, wait_up, write_programs
+from overhead import (
+    cpu_seconds,
+    free_port,
+    full_work_problem,
+    one,
+    proxy_env,
+    serve,
+    wait_up,
+    write_programs,
+)
 
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
 def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) -> int:
-    """Instructions of one proxy process that served ``requests`` requests, start to exit."""
+    """Instructions of one proxy process that served ``requests`` requests, start to exit.
+    ``variant@TREE``: the variant on the stagelens code exported to ``TREE``."""
     port = free_port()
+    variant, _, tree = variant.partition("@")
     env = {
         **proxy_env(variant, upstream, sink),
         "STAGELENS_GPU_COLLECTOR": "0",
@@ -73,6 +99,8 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         # One string hash layout for every run: with random ones, counts moved by ~0.5 %.
         "PYTHONHASHSEED": "0",
     }
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))
     valgrind = (
         "valgrind",
         "--tool=cachegrind",
@@ -87,6 +115,15 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
                 for _ in range(requests):
                     await one(c)
+                # Scraped once, as Prometheus would: every request's figures are folded into
+                # the series in both runs, and the series are bound in both (see the module
+                # docstring). A variant without /metrics answers 404, the same in both runs.
+                await asyncio.sleep(1)  # the last request is recorded after its last byte
+                scraped = await c.get("/metrics")
+                if variant in ("metrics", "stagelens"):  # refuse a flattering figure
+                    problem = full_work_problem(scraped.text, served=requests)
+                    if problem is not None:
+                        raise SystemExit(f"{variant}: {problem}")
 
         asyncio.run(drive())
     finally:
@@ -97,6 +134,36 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     if found is None:
         raise SystemExit(f"no instruction count from valgrind for {variant}:\n{err[-2000:]}")
     return int(found.group(1).replace(",", ""))
+
+
+def _export_revision(revision: str, into: Path) -> Path:
+    """The stagelens package of git ``revision`` as an importable tree under ``into``:
+    its ``stagelens/`` files with ``instrumentation/``, ``exporters/`` and ``dashboards/``
+    inside, as setuptools maps them. Returns the folder to put on ``PYTHONPATH``."""
+    repo = Path(__file__).resolve().parent.parent
+    source = into / "source"
+    source.mkdir(parents=True)
+    archive = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "archive",
+            revision,
+            "stagelens",
+            "instrumentation",
+            "exporters",
+            "dashboards",
+        ],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    package = source / "stagelens"
+    for folder in ("instrumentation", "exporters", "dashboards"):
+        if (source / folder).is_dir():
+            (source / folder).rename(package / folder)
+    return source
 
 
 def _per_request(
@@ -137,11 +204,16 @@ def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int,
     return (used[1] - used[0]) / (runs[1] - runs[0])
 
 
-def _table(per_request: dict[str, float]) -> None:
+def _shown(variant: str, against: str | None) -> str:
+    """A variant's name as printed: ``metrics@REF`` for one run on revision ``REF``."""
+    return f"{variant.partition('@')[0]}@{against}" if "@" in variant else variant
+
+
+def _table(per_request: dict[str, float], against: str | None) -> None:
     base = per_request.get("bare")
     for variant, n in per_request.items():
         versus = f"{n / base:8.3f} {base / n:16.3f}" if base else ""
-        print(f"{variant:10s} {n / 1e6:9.3f}M {versus}")
+        print(f"{_shown(variant, against):18s} {n / 1e6:9.3f}M {versus}")
 
 
 def main() -> None:
@@ -152,6 +224,11 @@ def main() -> None:
     parser.add_argument("--events", default="16", help="content events per answer: N or N,M")
     parser.add_argument("--long-small", type=int, default=4)
     parser.add_argument("--long-large", type=int, default=14)
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="also run metrics and stagelens on the stagelens code of git revision REF",
+    )
     parser.add_argument(
         "--no-usage",
         action="store_true",
@@ -171,6 +248,9 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     sink_port = free_port()
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
+    if args.against:
+        tree = _export_revision(args.against, root / "against")
+        variants += [f"{v}@{tree}" for v in variants if v in ("metrics", "stagelens")]
     servers = []
     results: dict[int, dict[str, float]] = {}
     started = time.monotonic()
@@ -190,8 +270,8 @@ def main() -> None:
             runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
             results[n] = _per_request(work_n, variants, runs, up_port, sink_port)
             print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")
-            print(f"{'variant':10s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
-            _table(results[n])
+            print(f"{'variant':18s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
+            _table(results[n], args.against)
             if i == 0 and len(events) == 2 and "bare" in variants:
                 native = _native_seconds_per_request(work_n, up_port, sink_port, (200, 2000))
                 seconds_per_instruction = native / results[n]["bare"]
@@ -207,12 +287,15 @@ def main() -> None:
     if len(events) == 2:
         short, long = events
         print(f"\nper streamed event (slope {short} -> {long} events)")
-        print(f"{'variant':10s} {'instr':>10s} {'us':>8s} {'stagelens instr':>16s} {'us':>8s}")
+        print(f"{'variant':18s} {'instr':>10s} {'us':>8s} {'stagelens instr':>16s} {'us':>8s}")
         slopes = {v: (results[long][v] - results[short][v]) / (long - short) for v in variants}
         for variant, slope in slopes.items():
             added = slope - slopes.get("bare", 0.0)
             us = seconds_per_instruction * 1e6
-            print(f"{variant:10s} {slope:10.0f} {slope * us:8.2f} {added:16.0f} {added * us:8.2f}")
+            print(
+                f"{_shown(variant, args.against):18s} {slope:10.0f} {slope * us:8.2f} "
+                f"{added:16.0f} {added * us:8.2f}"
+            )
 
 
 if __name__ == "__main__":
