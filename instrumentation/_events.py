@@ -57,7 +57,6 @@ class EventReader:
         "_learned",
         "_marks",
         "_marks0",
-        "_outputs",
         "_partial",
         "_passing",
         "_prefix",
@@ -66,6 +65,7 @@ class EventReader:
         "_sends",
         "_sent",
         "_strip",
+        "_unmarked",
         "_usage",
         "_usage_after",
         "_value_at",
@@ -95,7 +95,8 @@ class EventReader:
             self._marks0 = self._marks[0] = []
             if inference is not None:
                 inference.choices.append(self._marks0)
-        self._outputs = 0
+        self._unmarked = 0
+        """Output-bearing events read outside a request (inside one each is a mark)."""
         self._first_output_at: float | None = None
         self._last_output_ns = 0
         """Wall clock of the latest output (recorded spans: the engine spans end there)."""
@@ -155,8 +156,7 @@ class EventReader:
             and chunk[-1] == 10
             and chunk[self._value_at] != 34  # a quote: the value is empty
         ):
-            self._outputs += 1
-            self._into.append(len(self._sent))
+            self._into.append(len(self._sent))  # marked, so counted (``outputs``)
             self._last_fast = chunk
             if self._recording:
                 self._last_output_ns = _time_ns()
@@ -189,7 +189,6 @@ class EventReader:
                 and chunk[at + len(key)] != 34  # the value's first byte: not empty
                 and chunk.startswith(b"data:")
             ):
-                self._outputs += 1
                 if self._first_output_at is None:
                     self._first_output(0)
                 marks, sends = self._marks0, self._sends
@@ -198,6 +197,8 @@ class EventReader:
                     self._value_at = value_at = at + len(key)
                     self._learned = chunk[:value_at]  # read by ``read`` from the next chunk
                     self._into, self._sent = marks, sends
+                else:
+                    self._unmarked += 1
                 if self._recording:
                     self._last_output_ns = _time_ns()
                 self._last_fast = chunk
@@ -264,7 +265,6 @@ class EventReader:
 
     def _output(self, choice: int) -> None:
         """One output-bearing event of ``choice`` arrived."""
-        self._outputs += 1
         if self._first_output_at is None:
             self._first_output(choice)
         if self._recording:
@@ -277,6 +277,14 @@ class EventReader:
                 if self._inference is not None:
                     self._inference.choices.append(marks)
             marks.append(len(sends))
+        else:
+            self._unmarked += 1
+
+    @property
+    def outputs(self) -> int:
+        """Output-bearing events read so far: in a request each is a mark of its choice
+        (so the stream's hot path counts by marking), outside one each was counted."""
+        return self._unmarked + sum(map(len, self._marks.values()))
 
     def _first_output(self, choice: int) -> None:
         """The call's first output-bearing event arrived now."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import islice
+from operator import sub
 
 from stagelens import semconv as sc
 from stagelens.request import InferenceFacts, RequestState
@@ -27,9 +28,19 @@ def inter_token_gaps(sends: list[float], inference: InferenceFacts) -> list[floa
     sent = len(sends)
     for marks in inference.choices:
         count = bisect_left(marks, sent)  # marks only grow: those past the end are last
-        if count > 1:
-            # A comprehension, not map(): its list index and float subtraction are
-            # specialised bytecode, cheaper than a C call per item on CPython 3.11.
+        if count < 2:
+            continue
+        first = marks[0]
+        if marks[count - 1] - first == count - 1 and marks[:count] == [
+            *range(first, first + count)
+        ]:
+            # Each event had a body of its own, in turn (a relay: nearly every stream):
+            # the gaps are those between consecutive sends, subtracted in C.
+            times = sends[first : first + count]
+            gaps += map(sub, islice(times, 1, None), times)
+        else:
+            # A comprehension, not map() over an index lookup: its list index and float
+            # subtraction are specialised bytecode, cheaper than a C call per item.
             later = islice(marks, 1, count)
             gaps += [sends[b] - sends[a] for a, b in zip(marks, later, strict=False)]
     return gaps

@@ -317,10 +317,9 @@ class _UpstreamCall(EventReader):
             return self._usage, None
         if not answered:
             return None, None  # refused or never answered: nothing was generated
-        if self._outputs:
-            estimate = Usage(
-                input_tokens=_openai.prompt_size(self._payload), output_tokens=self._outputs
-            )
+        outputs = self.outputs
+        if outputs:
+            estimate = Usage(input_tokens=_openai.prompt_size(self._payload), output_tokens=outputs)
             return estimate, sc.BILLING_ESTIMATED
         return None, sc.BILLING_UNBILLED
 

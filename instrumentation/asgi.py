@@ -170,8 +170,8 @@ class _RequestTracker:
     """Everything about one request; lives exactly as long as it."""
 
     __slots__ = (
+        "_last_body",
         "_mw",
-        "_response_done",
         "_response_started",
         "_scope",
         "_sse",
@@ -183,8 +183,15 @@ class _RequestTracker:
         self._scope = scope
         self._sse = False
         self._response_started = False
-        self._response_done = False
+        self._last_body: Message | None = None
+        """The latest body message sent: the response is done once one says no more."""
         self._state: RequestState | None = None
+
+    @property
+    def _response_done(self) -> bool:
+        """The last body message was sent (read when needed, not tested on each send)."""
+        last = self._last_body
+        return last is not None and not last.get("more_body", False)
 
     async def run(self, receive: Receive, send: Send) -> None:
         mw, scope = self._mw, self._scope
@@ -283,11 +290,9 @@ class _RequestTracker:
             # a plain function handing back the server's own awaitable (no coroutine of
             # ours per message). TTFT and the inter-token gaps are worked out at the end.
             if message["type"] == "http.response.body":
-                body = message.get("body")
-                if body:
+                if message.get("body"):
                     times.append(perf_counter())
-                if not message.get("more_body", False):
-                    self._response_done = True
+                self._last_body = message
             elif message["type"] == "http.response.start":
                 self._response_started = True
                 state.code = int(message["status"])

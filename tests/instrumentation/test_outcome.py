@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from stagelens.instrumentation import _outcome
 
 from stagelens import semconv as sc
@@ -86,6 +88,32 @@ def test_gaps_are_per_choice_and_per_event() -> None:
     facts.choices = [[0, 0, 1, 3, 4], [1, 2]]  # choice 0's last event came after the sends
     gaps = _outcome.inter_token_gaps(sends, facts)
     assert gaps == [0.0, 0.5, 0.75, 0.5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sends=st.lists(st.floats(min_value=0, max_value=1e6), max_size=12),
+    steps=st.lists(st.lists(st.integers(min_value=0, max_value=2), max_size=12), max_size=3),
+    starts=st.lists(st.integers(min_value=0, max_value=14), min_size=3, max_size=3),
+)
+def test_gaps_are_the_sends_after_consecutive_events(
+    sends: list[float], steps: list[list[int]], starts: list[int]
+) -> None:
+    """Whatever the marks (a relay's consecutive ones, events sharing a body, events after
+    the last body), each choice's gaps are the send times after its consecutive events,
+    subtracted in order: the definition, written out here index by index."""
+    facts = InferenceFacts()
+    for start, choice_steps in zip(starts, steps, strict=False):
+        marks, at = [], start
+        for step in choice_steps:
+            marks.append(at)
+            at += step
+        facts.choices.append(marks)
+    want = []
+    for marks in facts.choices:
+        sent = [m for m in marks if m < len(sends)]
+        want += [sends[sent[i + 1]] - sends[sent[i]] for i in range(len(sent) - 1)]
+    assert _outcome.inter_token_gaps(sends, facts) == want
 
 
 def test_billing_gap_is_said_unless_the_app_metered() -> None:

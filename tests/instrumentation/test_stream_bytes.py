@@ -322,7 +322,7 @@ def test_output_events_are_counted_as_parsing_each_event_counts(
         call.on_chunk(chunk)
         if state is not None:
             state.token_times.append(0.0)  # the app relayed the chunk
-    assert call._outputs == len(expected_marks)
+    assert call.outputs == len(expected_marks)
     if state is not None:
         assert state.inference is not None
         assert state.inference.choices == [expected_marks]
@@ -366,7 +366,7 @@ def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_even
     for chunk in chunks:
         assert call.on_chunk(chunk) == chunk
         state.token_times.append(0.0)
-    assert call._outputs == 3
+    assert call.outputs == 3
     assert state.inference is not None
     assert state.inference.choices == [[0, 1, 4]]
     call.finish()
