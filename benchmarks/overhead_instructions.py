@@ -46,10 +46,13 @@ the longer streams serving ``--long-small`` and ``--long-large`` requests (as lo
 and the slope, (instructions at 1000 - at 16) / 984, is printed per variant: what one more
 streamed event costs. stagelens' share of it is the slope minus bare's (the proxy relaying
 the event itself). Instructions become microseconds at this machine's rate, measured by
-running the bare proxy natively and reading its CPU time per request (an estimate: the
-instrumentation's instructions are taken to run at the bare proxy's speed).
+running the bare proxy natively and reading its user CPU time per request (an estimate: the
+instrumentation's instructions are taken to run at the bare proxy's speed; hosts differ:
+0.18 ns per instruction on the machine of 2026-11-24, 0.28 ns on that of 2026-11-27). The
+per-event slope includes recording each event's gap (the scrape folds the long runs too).
 
-Needs ``valgrind`` (Debian package); a run takes ~3 minutes on 2 cores.
+Needs ``valgrind`` (Debian package); a run takes ~3 minutes on 2 cores (~10 with
+``--events 16,1000 --against REF``).
 """
 
 from __future__ import annotations
@@ -70,7 +73,6 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import (
-    cpu_seconds,
     free_port,
     full_work_problem,
     one,
@@ -180,9 +182,19 @@ def _per_request(
     return {v: (counts[(v, large)] - counts[(v, small)]) / (large - small) for v in variants}
 
 
+def _user_seconds(pid: int) -> float:
+    """User-space CPU seconds the process has used (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK")
+
+
 def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int, int]) -> float:
-    """CPU seconds per request of the bare proxy running natively (``/proc`` CPU time of
-    two runs of ``runs`` requests, start-up cancelled out as for the instructions)."""
+    """User-space CPU seconds per request of the bare proxy running natively (two runs of
+    ``runs`` requests, start-up cancelled out as for the instructions).
+
+    User time only: valgrind counts user-space instructions, so the kernel's time (socket
+    system calls, a tenth of the bare proxy's CPU here, more on some hosts) would inflate
+    the time per instruction, and with it every instruction stagelens adds."""
     used = []
     for requests in runs:
         port = free_port()
@@ -197,7 +209,7 @@ def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int,
                         await one(c)
 
             asyncio.run(drive())
-            used.append(cpu_seconds(proc.pid))
+            used.append(_user_seconds(proc.pid))
         finally:
             proc.terminate()
             proc.wait(30)
@@ -276,7 +288,7 @@ def main() -> None:
                 native = _native_seconds_per_request(work_n, up_port, sink_port, (200, 2000))
                 seconds_per_instruction = native / results[n]["bare"]
                 print(
-                    f"(bare natively: {native * 1e6:.0f} us CPU per request, "
+                    f"(bare natively: {native * 1e6:.0f} us user CPU per request, "
                     f"{seconds_per_instruction * 1e9:.3f} ns per instruction)"
                 )
         print(f"({time.monotonic() - started:.0f} s)")
