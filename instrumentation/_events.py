@@ -31,6 +31,8 @@ from stagelens.request import InferenceFacts
 _TAIL_MAX: Final = 48 * 1024
 """An incomplete event longer than this is not waited for: the stream is passed on
 unread from there (memory stays bounded whatever the upstream sends)."""
+_DONE_EVENT: Final = b"data: [DONE]\n\n"
+"""The terminating event as vLLM writes it, whole in one chunk: nothing to parse."""
 _NONE: Final[list[int]] = []
 _NONE_SENT: Final[list[float]] = []
 """Placeholders, never appended to: a prefix is learned with the real lists."""
@@ -146,7 +148,8 @@ class EventReader:
         value (``_learned``), whose value is not empty, and whose only line break is the
         blank line ending it, is such an event: its key is a key, because the JSON before
         it is byte for byte one that was found to hold it. It is counted and marked with
-        one ``startswith`` and one ``find``, unparsed. Anything else goes to ``_read``.
+        one ``startswith``, one ``find`` and a CR test, unparsed. Anything else goes to
+        ``_read``.
         """
         prefix = self._prefix
         if (
@@ -154,6 +157,7 @@ class EventReader:
             and chunk.startswith(prefix)
             and chunk.find(b"\n") == len(chunk) - 2
             and chunk[-1] == 10
+            and 13 not in chunk  # no CR: it ends an SSE line too (an int: a plain memchr)
             and chunk[self._value_at] != 34  # a quote: the value is empty
         ):
             self._into.append(len(self._sent))  # marked, so counted (``outputs``)
@@ -185,6 +189,7 @@ class EventReader:
                 at > 5
                 and chunk.find(b"\n") == len(chunk) - 2
                 and chunk[-1] == 10  # one line, then the blank line: one whole event
+                and 13 not in chunk  # (a CR would end a line too)
                 and chunk[at - 1] != 92  # no backslash: the key is no string's end
                 and chunk[at + len(key)] != 34  # the value's first byte: not empty
                 and chunk.startswith(b"data:")
@@ -204,6 +209,9 @@ class EventReader:
                 self._last_fast = chunk
                 return chunk
         if self._passing:
+            return chunk
+        if chunk == _DONE_EVENT and not self._partial:  # the stream's end, alone in a chunk
+            self._ended = True
             return chunk
         held = self._partial if self._strip else b""
         try:

@@ -152,6 +152,31 @@ def test_the_app_reads_every_byte_but_the_usage_event_stagelens_asked_for(
     assert out == (_usage_events_removed(stream) if asked else stream)
 
 
+_CONTENT = b'data: {"choices":[{"index":0,"delta":{"content":"0"}}]}'
+_USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        # A chunk whose only LF is its last blank line, but a CR ended its first event:
+        # two events, the second the usage event (once read as one content event).
+        [_CONTENT + b"\r\r" + _USAGE + b"\n\n"],
+        # The same after a first content event taught the chunk prefix.
+        [_CONTENT + b"\n\n", _CONTENT + b"\r\r" + _USAGE + b"\n\n"],
+    ],
+    ids=["first-chunk", "after-the-prefix"],
+)
+def test_a_cr_ends_an_event_inside_a_chunk(chunks: list[bytes]) -> None:
+    """SSE lines end at CR too: a chunk that ends with a blank line but holds a CR is not
+    one event, and the usage event after the CR is removed like any other (found by the
+    property test above; failed on the code before)."""
+    stream = b"".join(chunks)
+    out = _read_through_a_call(chunks, asked=True)
+    assert out == _usage_events_removed(stream)
+    assert _USAGE not in out
+
+
 def _chunks_for(stream: bytes) -> list[bytes]:
     return _chunked(stream, list(range(7, len(stream), 11)))
 
