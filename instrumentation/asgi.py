@@ -289,10 +289,11 @@ class _RequestTracker:
             # The hot path of a stream: a timestamp per chunk, no look at the bytes, and
             # a plain function handing back the server's own awaitable (no coroutine of
             # ours per message). TTFT and the inter-token gaps are worked out at the end.
-            if message["type"] == "http.response.body":
-                if message.get("body"):
-                    times.append(perf_counter())
+            if message.get("body"):  # a body message with bytes (only those carry "body")
+                times.append(perf_counter())
                 self._last_body = message
+            elif message["type"] == "http.response.body":
+                self._last_body = message  # an empty one: the last, usually
             elif message["type"] == "http.response.start":
                 self._response_started = True
                 state.code = int(message["status"])
