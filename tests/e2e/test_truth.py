@@ -6,8 +6,9 @@ loopback port in front of the session's real vLLM; the client is the official ``
 SDK, which times every chunk with its own clock. For each response shape issue 15 lists,
 each request is joined to its trace by vLLM's response id and compared:
 
-- TTFT: stagelens' ``stagelens.time_to_first_token`` within 5 ms of the client's time to
-  its first output-bearing chunk;
+- TTFT: stagelens' ``stagelens.time_to_first_token`` within 5 ms of the client's time from
+  sending its request (an httpx hook in the SDK's client, ``SendClock``) to its first
+  output-bearing chunk;
 - ITL: the samples recorded for the request (requests run one at a time) equal, per
   choice, the output-bearing events the client got minus one; their sum is the client's
   (last - first output event) within a few ms; where vLLM sent one token per event, that
@@ -27,6 +28,7 @@ import asyncio
 import json
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,9 +260,44 @@ def _chunk_outputs(chunk: Any) -> list[int]:
     return found
 
 
+class SendClock:
+    """When the SDK's latest request left for the server, on the client's own clocks (an
+    httpx request hook: after the SDK built it, as httpx writes it).
+
+    Why the client's readings start there: the SDK's own work before sending (its options,
+    its headers) takes milliseconds on a slow or busy machine, which no server can see; the
+    gateway's TTFT starts at receipt, and on loopback receipt follows the send at once."""
+
+    def __init__(self) -> None:
+        self.at = 0.0
+        self.wall = 0
+
+    def __call__(self, request: httpx.Request) -> None:
+        self.at, self.wall = time.perf_counter(), time.time_ns()
+
+
+_CLOCKS: weakref.WeakKeyDictionary[Any, SendClock] = weakref.WeakKeyDictionary()
+
+
+def sdk_client(url: str) -> Any:
+    """The official SDK for ``url``, its requests timed by a ``SendClock`` (``sent_at``)."""
+    clock = SendClock()
+    http = httpx.Client(event_hooks={"request": [clock]}, timeout=120)
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, http_client=http)
+    _CLOCKS[client] = clock
+    return client
+
+
+def sent_at(client: Any, seen: Seen) -> None:
+    """Start ``seen``'s clocks when the client's request was sent (``SendClock``)."""
+    clock = _CLOCKS.get(client)
+    if clock is not None and clock.at >= seen.started:
+        seen.started, seen.wall_started = clock.at, clock.wall
+
+
 def stream(client: Any, *, leave_after: int | None = None, **request: Any) -> Seen:
-    """One streamed request through the SDK; with ``leave_after`` the client closes the
-    stream once it got that many output events."""
+    """One streamed request through the SDK, timed from when it was sent; with
+    ``leave_after`` the client closes the stream once it got that many output events."""
     seen = Seen(started=time.perf_counter())
     create = client.completions.create if "prompt" in request else client.chat.completions.create
     events = create(model="tiny", stream=True, **request)
@@ -277,6 +314,7 @@ def stream(client: Any, *, leave_after: int | None = None, **request: Any) -> Se
                 break
     finally:
         events.close()
+    sent_at(client, seen)
     return seen
 
 
@@ -336,7 +374,7 @@ def service(vllm_server: Any, port_factory: Any) -> Iterator[tuple[Any, Telemetr
         capture_telemetry() as cap,
         Served(relay_app(cap, vllm_server.base_url), port_factory()) as s,
     ):
-        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0)
+        client = sdk_client(f"{s.url}/v1")
         stream(client, messages=MESSAGES, max_tokens=2)  # warm: connections, first compile
         yield client, cap, vllm_server.base_url
 
@@ -542,9 +580,11 @@ class TestWholeAnswer:
         """Its TTFT is the time to the whole answer, within 5 ms of the client's; no ITL."""
         client, cap, _ = service
         before = _metrics(cap)
-        started = time.perf_counter()
+        seen = Seen(started=time.perf_counter())
         answer = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=16)
-        took = time.perf_counter() - started
+        done = time.perf_counter()
+        sent_at(client, seen)
+        took = done - seen.started
         time.sleep(0.05)
         readings = Readings(cap, before, answer.id)
         assert abs(readings.ttft - took) <= TTFT_BOUND
@@ -582,7 +622,7 @@ class TestCutStreams:
             capture_telemetry() as cap,
             Served(relay_app(cap, proxy.url), port_factory()) as s,
         ):
-            client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0)
+            client = sdk_client(f"{s.url}/v1")
             before = _metrics(cap)
             seen = Seen(started=time.perf_counter())
             with pytest.raises(openai.APIError):
