@@ -263,10 +263,11 @@ async def one(client: httpx.AsyncClient) -> float:
     return time.perf_counter() - t0
 
 
-def cpu_seconds(pid: int) -> float:
-    """user+system CPU seconds the process has used (Linux /proc)."""
+def cpu_seconds(pid: int, *, user_only: bool = False) -> float:
+    """user+system (``user_only``: user) CPU seconds the process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + (0 if user_only else int(fields[12]))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 async def measure(

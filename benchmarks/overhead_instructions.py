@@ -73,6 +73,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import (
+    cpu_seconds,
     free_port,
     full_work_problem,
     one,
@@ -82,6 +83,8 @@ from overhead import (
     write_programs,
 )
 
+_INSTRUMENTED = ("metrics", "stagelens")
+"""The variants that run stagelens: checked after their scrape, and run by ``--against``."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -122,7 +125,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
                 # docstring). A variant without /metrics answers 404, the same in both runs.
                 await asyncio.sleep(1)  # the last request is recorded after its last byte
                 scraped = await c.get("/metrics")
-                if variant in ("metrics", "stagelens"):  # refuse a flattering figure
+                if variant in _INSTRUMENTED:  # refuse a flattering figure
                     problem = full_work_problem(scraped.text, served=requests)
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
@@ -182,12 +185,6 @@ def _per_request(
     return {v: (counts[(v, large)] - counts[(v, small)]) / (large - small) for v in variants}
 
 
-def _user_seconds(pid: int) -> float:
-    """User-space CPU seconds the process has used (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) / os.sysconf("SC_CLK_TCK")
-
-
 def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int, int]) -> float:
     """User-space CPU seconds per request of the bare proxy running natively (two runs of
     ``runs`` requests, start-up cancelled out as for the instructions).
@@ -209,7 +206,7 @@ def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int,
                         await one(c)
 
             asyncio.run(drive())
-            used.append(_user_seconds(proc.pid))
+            used.append(cpu_seconds(proc.pid, user_only=True))
         finally:
             proc.terminate()
             proc.wait(30)
@@ -262,7 +259,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
     if args.against:
         tree = _export_revision(args.against, root / "against")
-        variants += [f"{v}@{tree}" for v in variants if v in ("metrics", "stagelens")]
+        variants += [f"{v}@{tree}" for v in variants if v in _INSTRUMENTED]
     servers = []
     results: dict[int, dict[str, float]] = {}
     started = time.monotonic()
