@@ -48,8 +48,9 @@ streamed event costs. stagelens' share of it is the slope minus bare's (the prox
 the event itself). Instructions become microseconds at this machine's rate, measured by
 running the bare proxy natively and reading its user CPU time per request (an estimate: the
 instrumentation's instructions are taken to run at the bare proxy's speed; hosts differ:
-0.18 ns per instruction on the machine of 2026-11-24, 0.28 ns on that of 2026-11-27). The
-per-event slope includes recording each event's gap (the scrape folds the long runs too).
+0.18 ns per instruction on the machine of 2026-11-24, 0.21 to 0.31 ns on that of
+2026-11-27, whose rate moved over the day: a shared host). The per-event slope includes
+recording each event's gap (the scrape folds the long runs too).
 
 Needs ``valgrind`` (Debian package); a run takes ~3 minutes on 2 cores (~10 with
 ``--events 16,1000 --against REF``).
