@@ -403,7 +403,11 @@ def _quiet(cap: TelemetryCapture, still: float = 0.5, timeout: float = 30.0) -> 
 
 
 def _one(
-    service: Any, *, vllm_deltas: list[tuple[float, ...]] | None = None, **request: Any
+    service: Any,
+    *,
+    vllm_deltas: list[tuple[float, ...]] | None = None,
+    settle: float = 0.05,
+    **request: Any,
 ) -> tuple[Readings, Seen]:
     """One request and its readings. Retried (twice at most) only when the machine stalled
     before the service even received it: TTFT starts at receipt, the client's clock before
@@ -415,7 +419,7 @@ def _one(
         before = _metrics(cap)
         before_vllm = _vllm_tokens(vllm_url) if vllm_deltas is not None else ()
         seen = stream(client, **request)
-        time.sleep(0.05)  # the request's end is recorded just after its last byte
+        time.sleep(settle)  # the request's end is recorded just after its last byte
         readings = Readings(cap, before, seen.id)
         if vllm_deltas is not None:  # this attempt's alone: a retried one ran too
             after_vllm = _vllm_tokens(vllm_url)
@@ -599,11 +603,10 @@ class TestCutStreams:
     def test_the_client_leaving_mid_stream(self, service) -> None:
         """Billed from what was received and marked estimated; not counted against
         availability; TTFT still the client's."""
-        client, cap, vllm_url = service
-        before = _metrics(cap)
-        seen = stream(client, messages=MESSAGES, max_tokens=200, temperature=0, leave_after=3)
-        time.sleep(0.3)
-        readings = Readings(cap, before, seen.id)
+        _, _, vllm_url = service
+        readings, seen = _one(
+            service, settle=0.3, messages=MESSAGES, max_tokens=200, temperature=0, leave_after=3
+        )
         assert abs(readings.ttft - seen.ttft) <= TTFT_BOUND
         assert readings.inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
         prompt_tokens, output_tokens = readings.usage()
