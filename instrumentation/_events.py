@@ -70,7 +70,6 @@ class EventReader:
         "_unmarked",
         "_usage",
         "_usage_after",
-        "_value_at",
     )
 
     def __init__(
@@ -131,8 +130,6 @@ class EventReader:
         """A content event's bytes up to its output value (``data:``, the JSON before the
         value, the key and the value's opening quote), learned from the latest chunk that
         was one whole content event of choice 0, in a request."""
-        self._value_at = 0
-        """``len(_learned)``: where the output value of a chunk with that prefix begins."""
         self._into: list[int] = _NONE
         """Choice 0's marks, once a prefix is learned (then in a request)."""
         self._sent: list[float] = _NONE_SENT
@@ -145,26 +142,34 @@ class EventReader:
         and a blank line, and the events of a stream differ only from their output value
         on (vLLM writes the id, creation time and model before it, the same in every
         event). A chunk that begins with the bytes of an earlier content event up to its
-        value (``_learned``), whose value is not empty, and whose only line break is the
-        blank line ending it, is such an event: its key is a key, because the JSON before
-        it is byte for byte one that was found to hold it. It is counted and marked with
-        one ``startswith``, one ``find`` and a CR test, unparsed. Anything else goes to
-        ``_read``.
+        value (``_learned``, which holds no line break), whose value is not empty, and
+        whose only line break is the blank line ending it, is such an event: its key is a
+        key, because the JSON before it is byte for byte one that was found to hold it. It
+        is counted and marked unparsed. Anything else goes to ``_read``.
+
+        Why ``removeprefix``/``removesuffix`` and ``in``: on CPython 3.11 ``startswith``
+        and ``find`` parse their arguments from a format string, about 1 k instructions a
+        call, more than the rest of the test; these take their one argument as it is
+        (the copies they make are the few bytes after the prefix). A chunk of exact type
+        ``bytes`` (what httpx's transports yield) is handed back itself when it lacks the
+        prefix, which ``is not`` tells; any other type goes to ``_read``.
         """
         prefix = self._prefix
-        if (
-            prefix is not None
-            and chunk.startswith(prefix)
-            and chunk.find(b"\n") == len(chunk) - 2
-            and chunk[-1] == 10
-            and 13 not in chunk  # no CR: it ends an SSE line too (an int: a plain memchr)
-            and chunk[self._value_at] != 34  # a quote: the value is empty
-        ):
-            self._into.append(len(self._sent))  # marked, so counted (``outputs``)
-            self._last_fast = chunk
-            if self._recording:
-                self._last_output_ns = _time_ns()
-            return chunk
+        if prefix is not None and type(chunk) is bytes:
+            rest = chunk.removeprefix(prefix)  # from the output value on
+            if rest is not chunk:
+                line = rest.removesuffix(b"\n\n")  # the event's line after the prefix
+                if (
+                    line is not rest
+                    and rest[0] != 34  # a quote: the value is empty
+                    and 10 not in line  # no other line break (an int: a plain memchr)
+                    and 13 not in line  # no CR: it ends an SSE line too
+                ):
+                    self._into.append(len(self._sent))  # marked, so counted (``outputs``)
+                    self._last_fast = chunk
+                    if self._recording:
+                        self._last_output_ns = _time_ns()
+                    return chunk
         out = self._read(chunk)
         # Read from the prefix again only at an event's start, and while reading.
         self._prefix = None if self._partial or not self._fast else self._learned
@@ -199,8 +204,7 @@ class EventReader:
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
-                    self._value_at = value_at = at + len(key)
-                    self._learned = chunk[:value_at]  # read by ``read`` from the next chunk
+                    self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
                     self._into, self._sent = marks, sends
                 else:
                     self._unmarked += 1

@@ -395,3 +395,37 @@ def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_even
     assert state.inference is not None
     assert state.inference.choices == [[0, 1, 4]]
     call.finish()
+
+
+class _Chunk(bytes):
+    """A chunk of a ``bytes`` subclass (no httpx transport yields one; a custom stream may)."""
+
+
+@pytest.mark.parametrize("kind", [_Chunk, bytearray])
+def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(kind: type) -> None:
+    """After a content event taught the prefix, a chunk of another type is read as any
+    other chunk: for such a type ``removeprefix`` answers a copy even without the prefix,
+    which would make a usage event after a learned prefix an output."""
+    from prometheus_client import CollectorRegistry
+
+    from stagelens.request import RequestState
+    from stagelens.telemetry import Telemetry
+
+    telemetry = Telemetry(registry=CollectorRegistry())
+    state = RequestState(telemetry, telemetry.tracer.start_span("r"))
+    payload = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+    call = _UpstreamCall(telemetry, state, payload, "chat", request)
+    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    chunks = [
+        _CONTENT + b"\n\n",
+        kind(_CONTENT + b"\n\n"),
+        kind(_USAGE + b"\n\n"),  # not an output, whatever its type
+    ]
+    for chunk in chunks:
+        assert call.on_chunk(chunk) == chunk
+        state.token_times.append(0.0)
+    assert call.outputs == 2
+    assert state.inference is not None
+    assert state.inference.choices == [[0, 1]]
+    call.finish()
