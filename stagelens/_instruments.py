@@ -17,7 +17,8 @@ from collections import Counter as Tally
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from itertools import chain
-from typing import Any, Final, NamedTuple, NewType
+from operator import attrgetter
+from typing import Any, Final, NamedTuple, NewType, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -130,6 +131,27 @@ _Added = defaultdict[FastCounter, float]
 """Amounts to add, per bound counter."""
 _Exemplars = defaultdict[FastHistogram, Candidates]
 """Exemplar candidates, per bound histogram."""
+
+
+_Item = TypeVar("_Item")
+_Key = TypeVar("_Key")
+_MODEL: Final = attrgetter("model")
+_CODE: Final = attrgetter("code")
+_TENANT: Final = attrgetter("tenant")
+
+
+def _grouped(
+    items: list[_Item], key: Callable[[_Item], _Key]
+) -> Iterator[tuple[_Key, list[_Item]]]:
+    """``items`` by their ``key``: each value with its items, in their order. A batch is
+    nearly always one model, one status code and one tenant: then the list itself, with
+    no copy and one pass to find the values."""
+    values = set(map(key, items))
+    if len(values) == 1:
+        yield values.pop(), items
+        return
+    for value in values:
+        yield value, [item for item in items if key(item) == value]
 
 
 def _check(observed: _Observed) -> None:
@@ -415,9 +437,7 @@ class Instruments:
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         kept: _Exemplars = defaultdict(list)
-        models = {record.model for record in batch}
-        for model in models:
-            records = batch if len(models) == 1 else [r for r in batch if r.model == model]
+        for model, records in _grouped(batch, _MODEL):
             self._collect_model(model, records, observed, added, kept)
         return observed, added, kept
 
@@ -431,10 +451,8 @@ class Instruments:
     ) -> None:
         """``_collect`` for the records of one ``model``."""
         series = self.for_model(model)
-        codes = {record.code for record in records}
-        for code in codes:
+        for code, mine in _grouped(records, _CODE):
             request_duration, requests = series.outcome(code)
-            mine = records if len(codes) == 1 else [r for r in records if r.code == code]
             observed[request_duration] += [r.duration for r in mine]
             added[requests] += len(mine)
         ttfts = [r.ttft for r in records if r.ttft is not None]
@@ -482,9 +500,7 @@ class Instruments:
                 # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
                 added[errors] += counted if bad else 0
         bills = [r.billing for r in records if r.billing is not None]
-        tenants = {bill.tenant for bill in bills}
-        for tenant in tenants:
-            theirs = bills if len(tenants) == 1 else [b for b in bills if b.tenant == tenant]
+        for tenant, theirs in _grouped(bills, _TENANT):
             billing = self.billing(model, tenant)
             added[billing.input] += sum([b.input_tokens for b in theirs])
             added[billing.output] += sum([b.output_tokens for b in theirs])
