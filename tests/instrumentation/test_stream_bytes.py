@@ -10,7 +10,7 @@ import json
 import logging
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -22,6 +22,10 @@ from stagelens.instrumentation._upstream import _UpstreamCall
 from stagelens import instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import capture_telemetry
+
+if TYPE_CHECKING:
+    from stagelens.request import RequestState
+    from stagelens.telemetry import Telemetry
 
 SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=4)
 JSON = st.recursive(
@@ -124,6 +128,24 @@ def _chunked(stream: bytes, cuts: list[int]) -> list[bytes]:
     return [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
 
 
+def _sse_call(
+    telemetry: Telemetry, state: RequestState | None, payload: dict[str, Any]
+) -> _UpstreamCall:
+    """The upstream chat call of ``payload`` (in ``state``'s request, if any), answered 200
+    with an event stream: what the app's chunks are read by."""
+    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
+    call = _UpstreamCall(telemetry, state, payload, "chat", request)
+    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    return call
+
+
+def _relay(call: _UpstreamCall, state: RequestState, chunks: list[bytes]) -> None:
+    """The app relays each chunk as it reads it: every one read unchanged, then sent."""
+    for chunk in chunks:
+        assert call.on_chunk(chunk) == chunk
+        state.token_times.append(0.0)
+
+
 def _read_through_a_call(chunks: list[bytes], *, asked: bool, n: int | None = None) -> bytes:
     with capture_telemetry() as cap:
         payload: dict[str, Any] = {"model": "tiny", "stream": True}
@@ -131,9 +153,7 @@ def _read_through_a_call(chunks: list[bytes], *, asked: bool, n: int | None = No
             payload["stream_options"] = {"include_usage": True}  # the app asked itself
         if n is not None:
             payload["n"] = n
-        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-        call = _UpstreamCall(cap.telemetry, None, payload, "chat", request)
-        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+        call = _sse_call(cap.telemetry, None, payload)
         out = b"".join(call.on_chunk(chunk) for chunk in chunks) + call.flush()
         call.finish()
     return out
@@ -262,9 +282,7 @@ def test_unreadable_events_are_counted_and_logged_once_without_their_text(
     secret = b"data: {secret prompt text\n\n"
     with capture_telemetry() as cap, caplog.at_level(logging.WARNING, "stagelens"):
         payload = {"model": "tiny", "stream": True}
-        request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-        call = _UpstreamCall(cap.telemetry, None, payload, "chat", request)
-        call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+        call = _sse_call(cap.telemetry, None, payload)
         for _ in range(3):
             assert call.on_chunk(secret) == secret
         call.finish()
@@ -340,9 +358,7 @@ def test_output_events_are_counted_as_parsing_each_event_counts(
     telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
     state = RequestState(telemetry, telemetry.tracer.start_span("r")) if in_request else None
     payload = {"model": "tiny", "stream": True}
-    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-    call = _UpstreamCall(telemetry, state, payload, "chat", request)
-    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    call = _sse_call(telemetry, state, payload)
     for chunk in chunks:
         call.on_chunk(chunk)
         if state is not None:
@@ -378,9 +394,7 @@ def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_even
     telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
     state = RequestState(telemetry, telemetry.tracer.start_span("r"))
     payload = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
-    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-    call = _UpstreamCall(telemetry, state, payload, "chat", request)
-    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    call = _sse_call(telemetry, state, payload)
     chunks = [
         content("a") + b"\n\n",
         content("b") + b"\n\n",  # read from the prefix the first one taught
@@ -388,9 +402,7 @@ def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_even
         b"ata: x\n\n",
         content("e") + b"\n\n",
     ]
-    for chunk in chunks:
-        assert call.on_chunk(chunk) == chunk
-        state.token_times.append(0.0)
+    _relay(call, state, chunks)
     assert call.outputs == 3
     assert state.inference is not None
     assert state.inference.choices == [[0, 1, 4]]
@@ -414,17 +426,13 @@ def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(kind: type) -> No
     telemetry = Telemetry(registry=CollectorRegistry())
     state = RequestState(telemetry, telemetry.tracer.start_span("r"))
     payload = {"model": "tiny", "stream": True, "stream_options": {"include_usage": True}}
-    request = httpx.Request("POST", "http://up/v1/chat/completions", json=payload)
-    call = _UpstreamCall(telemetry, state, payload, "chat", request)
-    call.on_response(httpx.Response(200, headers={"content-type": "text/event-stream"}))
+    call = _sse_call(telemetry, state, payload)
     chunks = [
         _CONTENT + b"\n\n",
         kind(_CONTENT + b"\n\n"),
         kind(_USAGE + b"\n\n"),  # not an output, whatever its type
     ]
-    for chunk in chunks:
-        assert call.on_chunk(chunk) == chunk
-        state.token_times.append(0.0)
+    _relay(call, state, chunks)
     assert call.outputs == 2
     assert state.inference is not None
     assert state.inference.choices == [[0, 1]]
