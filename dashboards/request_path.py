@@ -169,6 +169,29 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 "token; decode grows with the answer's length and is no stage's to meet.",
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Thinking: first token vs first answer token",
+                "s",
+                [
+                    (quantile(0.95, sc.TIME_TO_FIRST_TOKEN, "", MODEL), "p95 first token"),
+                    (
+                        quantile(0.95, sc.TIME_TO_FIRST_ANSWER_TOKEN, "", MODEL),
+                        "p95 first answer token",
+                    ),
+                    (
+                        f"{mean(sc.TIME_TO_FIRST_ANSWER_TOKEN, '', MODEL)} - "
+                        f"{mean(sc.TIME_TO_FIRST_TOKEN, '', MODEL)}",
+                        "mean thinking time",
+                    ),
+                ],
+                threshold_lines=((None, "green"), (cfg.answer_threshold_seconds, "red")),
+                description="A reasoning model streams its thinking first: its first token "
+                "comes early, the answer later. Thinking time: the mean time to first answer "
+                "token minus the mean time to first token (0 for a model that does not "
+                "reason). Dashed: the answer SLO threshold.",
+            )
+        )
         .with_row(dashboard.Row("Stages"))
         .with_panel(
             timeseries_panel(

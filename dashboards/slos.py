@@ -32,6 +32,7 @@ SLI_TITLES = {
     sc.SLI_TTFT: "TTFT",
     sc.SLI_ITL: "Inter-token latency",
     sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
 }
 
 

@@ -76,6 +76,7 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
     """Dashboard 2: tokens by model/tenant, spend against daily caps, unit costs, billing."""
     tokens = f"{sc.TOKENS}{{{MODEL}, {TENANT}}}"
     output = f'{sc.TOKENS}{{{MODEL}, {TENANT}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    reasoning = f'{sc.TOKENS}{{{MODEL}, {TENANT}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_REASONING}"}}'
     cost = f"{sc.COST_USD}{{{MODEL}, {TENANT}}}"
     fleet_output = f'{sc.TOKENS}{{{WHERE}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
     gpu_where = 'cluster=~"$cluster"'
@@ -115,6 +116,23 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
                         "{{model}} {{tenant}} {{type}}",
                     )
                 ],
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Reasoning share of output by model and tenant",
+                "percentunit",
+                [
+                    (
+                        f"sum by ({sc.LABEL_MODEL}, {sc.LABEL_TENANT}) (rate({reasoning}[{RATE}]))"
+                        f" / sum by ({sc.LABEL_MODEL}, {sc.LABEL_TENANT}) "
+                        f"(rate({output}[{RATE}])) > 0",
+                        "{{model}} {{tenant}}",
+                    )
+                ],
+                description="Of the output tokens (billed at the output rate), the share the "
+                "model spent thinking (reasoning models only; a model that does not reason "
+                "draws no line).",
             )
         )
         .with_row(dashboard.Row("Spend"))

@@ -67,17 +67,25 @@ def sli_verdicts(
     gaps: list[float],
     ttft_threshold: float,
     itl_threshold: float,
+    ttfat: float | None = None,
+    answer_threshold: float | None = None,
 ) -> tuple[tuple[str, bool], ...]:
     """(sli, bad) for each SLI that counts the request (``semconv.SLI_*`` say which).
 
     ``server_failed``: answered 5xx, or failed after its 200 headers. ``waited``: seconds
     from receipt to the request's end (for a client gone before its first token).
+    ``ttfat``: the time to first answer token, judged against ``answer_threshold`` (no
+    ``answer`` verdict without a threshold).
     """
     verdicts: list[tuple[str, bool]] = []
     if not client_gone:
         verdicts.append((sc.SLI_AVAILABILITY, server_failed))
     if not streamed or 400 <= code < 500:
         return tuple(verdicts)
+    if answer_threshold is not None:
+        answer = _answer_verdict(ttfat, ttft, client_gone, server_failed, waited, answer_threshold)
+        if answer is not None:
+            verdicts.append((sc.SLI_ANSWER, answer))
     if ttft is not None:
         ttft_bad = ttft > ttft_threshold
     elif client_gone:
@@ -95,6 +103,27 @@ def sli_verdicts(
         verdicts.append((sc.SLI_ITL, itl_bad))
     verdicts.append((sc.SLI_GOODPUT, ttft_bad or itl_bad))
     return tuple(verdicts)
+
+
+def _answer_verdict(
+    ttfat: float | None,
+    ttft: float | None,
+    client_gone: bool,
+    server_failed: bool,
+    waited: float,
+    threshold: float,
+) -> bool | None:
+    """Whether a streamed request was bad for the ``answer`` SLI; None when it does not
+    count (as for ``ttft``: a client gone before the threshold, an answer with no output).
+    A stream with output but no answer (cut, or ended at its token limit, while the model
+    was thinking) is bad: the user never got an answer."""
+    if ttfat is not None:
+        return ttfat > threshold
+    if client_gone:
+        return True if waited > threshold else None
+    if server_failed or ttft is not None:
+        return True
+    return None
 
 
 def billing_gap(state: RequestState) -> str | None:

@@ -352,6 +352,8 @@ class _RequestTracker:
         ttft = (
             first_token_at - state.started_at if first_token_at is not None and code < 400 else None
         )
+        first_answer_at = state.first_answer_at if ttft is not None else None
+        ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
         gaps = (
             _outcome.inter_token_gaps(state.token_times, inference)
             if self._sse and inference is not None
@@ -383,22 +385,25 @@ class _RequestTracker:
                         gaps=gaps,
                         ttft_threshold=settings.ttft_slo_threshold_seconds,
                         itl_threshold=settings.itl_slo_threshold_seconds,
+                        ttfat=ttfat,
+                        answer_threshold=settings.answer_slo_threshold_seconds,
                     ),
                     unmetered=_outcome.billing_gap(state),
                     genai=state.genai,
                     exemplar=_sampled_trace(state.root_span) if state.recording else None,
+                    ttfat=ttfat,
                 )
             )
         except Exception as exc:
             telemetry.report_error("metrics", exc)
-        self._end_root(error, code, code_label, ttft, disconnected, failure)
+        self._end_root(error, code, code_label, (ttft, ttfat), disconnected, failure)
 
     def _end_root(
         self,
         error: BaseException | None,
         code: int,
         code_label: str,
-        ttft: float | None,
+        firsts: tuple[float | None, float | None],
         disconnected: bool,
         failure: str | None,
     ) -> None:
@@ -416,8 +421,12 @@ class _RequestTracker:
                     method = sc.HTTP_SPAN_NAME_OTHER
                 root.update_name(f"{method} {route_path}")
                 attributes["http.route"] = route_path
+            ttft, ttfat = firsts  # (the time to first token, to first answer token)
             if ttft is not None:
                 attributes[sc.ATTR_TTFT] = ttft
+            if ttfat is not None:
+                attributes[sc.ATTR_TTFAT] = ttfat
+            _reasoning_attributes(state, attributes)
             root.set_attributes(attributes)
             if disconnected and not self._response_done:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
@@ -435,6 +444,22 @@ class _RequestTracker:
             if self._mw.response_hook is not None:
                 self._run_span_hook(self._mw.response_hook, root, "response_hook")
         root.end()
+
+
+def _reasoning_attributes(state: RequestState, attributes: dict[str, Any]) -> None:
+    """The request's reasoning tokens (a part of its output), when it had some: the
+    billed usage's (the app's, else the server's), and whether they were counted from
+    the reasoning events (the server's usage did not say them)."""
+    billing = state.billing
+    usage = state.usage or state.upstream_usage
+    reasoning = billing.reasoning_tokens if billing is not None else None
+    if reasoning is None and usage is not None:
+        reasoning = usage.reasoning_output_tokens
+    if reasoning:
+        attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
+        inference = state.inference
+        if inference is not None and inference.reasoning_counted and state.usage is None:
+            attributes[sc.ATTR_USAGE_ESTIMATED] = True
 
 
 def _sampled_trace(root: trace.Span) -> ExemplarRef | None:

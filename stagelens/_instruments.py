@@ -39,6 +39,7 @@ from stagelens.buckets import (
     INTER_TOKEN_LATENCY_BUCKETS,
     REQUEST_DURATION_BUCKETS,
     STAGE_DURATION_BUCKETS,
+    answer_buckets,
     ttft_buckets,
 )
 from stagelens.config import Settings
@@ -82,6 +83,8 @@ class BillingRecord(NamedTuple):
     cached_input_tokens: int
     """Part of ``input_tokens``."""
     cost_usd: float
+    reasoning_tokens: int = 0
+    """Part of ``output_tokens``: the tokens the model spent thinking."""
 
 
 Verdicts = tuple[tuple[str, bool], ...]
@@ -120,6 +123,8 @@ class RequestRecord(NamedTuple):
     exemplar: ExemplarRef | None = None
     """The request's trace when it was sampled: its TTFT, duration and stage times may
     become exemplars. None for a sampled-out request, which never names a trace."""
+    ttfat: float | None = None
+    """Time to first answer token (not reasoning), seconds; answers only."""
 
 
 RequestSink = Callable[[list[RequestRecord]], None]
@@ -177,6 +182,7 @@ class Instruments:
     def __init__(self, registry: CollectorRegistry, settings: Settings) -> None:
         self.registry = registry
         self.ttft_threshold = settings.ttft_slo_threshold_seconds
+        self.answer_threshold = settings.answer_slo_threshold_seconds
         self._pending: deque[RequestRecord] = deque()
         self._fold_lock = threading.Lock()
         # In multiprocess mode the scrape reads every worker's files, which a fold in this
@@ -215,6 +221,18 @@ class Instruments:
                 registry=r,
             )
         )
+        self.ttfat = ChildCache(
+            Histogram(
+                sc.TIME_TO_FIRST_ANSWER_TOKEN,
+                "Gateway receipt to the first body sent after the first answer (not "
+                "reasoning) output arrived.",
+                [sc.LABEL_MODEL],
+                buckets=answer_buckets(
+                    settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+                ),
+                registry=r,
+            )
+        )
         self.itl = ChildCache(
             Histogram(
                 sc.INTER_TOKEN_LATENCY,
@@ -244,7 +262,7 @@ class Instruments:
         self.tokens = ChildCache(
             Counter(
                 sc.TOKENS,
-                "Tokens billed; cached_input is part of input.",
+                "Tokens billed; cached_input is part of input, reasoning part of output.",
                 [sc.LABEL_MODEL, sc.LABEL_TENANT, sc.LABEL_TYPE],
                 registry=r,
             )
@@ -458,6 +476,9 @@ class Instruments:
         ttfts = [r.ttft for r in records if r.ttft is not None]
         if ttfts:
             observed[series.ttft()] += ttfts
+        ttfats = [r.ttfat for r in records if r.ttfat is not None]
+        if ttfats:
+            observed[series.ttfat()] += ttfats
         gaps = list(chain.from_iterable([r.gaps for r in records]))
         if gaps:
             observed[series.itl()] += gaps
@@ -505,6 +526,7 @@ class Instruments:
             added[billing.input] += sum([b.input_tokens for b in theirs])
             added[billing.output] += sum([b.output_tokens for b in theirs])
             added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
+            added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
 
     def _collect_each(
@@ -587,5 +609,11 @@ def instruments_for(registry: CollectorRegistry, settings: Settings) -> Instrume
                 "this registry already has TTFT buckets for threshold "
                 f"{found.ttft_threshold}s; use a separate registry for "
                 f"{settings.ttft_slo_threshold_seconds}s"
+            )
+        elif found.answer_threshold != settings.answer_slo_threshold_seconds:
+            raise ConfigurationError(
+                "this registry already has time-to-first-answer-token buckets for threshold "
+                f"{found.answer_threshold}s; use a separate registry for "
+                f"{settings.answer_slo_threshold_seconds}s"
             )
         return found

@@ -209,6 +209,7 @@ class ModelSeries:
         "_rejections",
         "_slis",
         "_stages",
+        "_ttfat",
         "_ttft",
         "_unmetered",
         "_upstream_ttft",
@@ -221,6 +222,7 @@ class ModelSeries:
         # Series are bound when first recorded, never before: a model that only ever got
         # errors exposes no TTFT series.
         self._ttft: FastHistogram | None = None
+        self._ttfat: FastHistogram | None = None
         self._itl: FastHistogram | None = None
         self._stages: dict[str, FastHistogram] = {}
         self._phases: dict[str, FastHistogram] = {}
@@ -235,6 +237,13 @@ class ModelSeries:
         found = self._ttft
         if found is None:
             found = self._ttft = FastHistogram(self._instruments.ttft.get(self.model))
+        return found
+
+    def ttfat(self) -> FastHistogram:
+        """``stagelens_time_to_first_answer_token_seconds{model}``."""
+        found = self._ttfat
+        if found is None:
+            found = self._ttfat = FastHistogram(self._instruments.ttfat.get(self.model))
         return found
 
     def itl(self) -> FastHistogram:
@@ -315,11 +324,12 @@ class ModelSeries:
 class BillingSeries:
     """The token and cost counters of one (model, tenant), bound once."""
 
-    __slots__ = ("cached_input", "cost", "input", "output")
+    __slots__ = ("cached_input", "cost", "input", "output", "reasoning")
 
     def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
         tokens = instruments.tokens
         self.input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT))
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
         self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
+        self.reasoning = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_REASONING))
         self.cost = FastCounter(instruments.cost.get(model, tenant))

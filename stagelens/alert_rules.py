@@ -50,6 +50,7 @@ Rule = dict[str, Any]
 ALERT_AVAILABILITY_BUDGET_BURN: Final = "StagelensAvailabilityBudgetBurn"
 ALERT_ITL_BUDGET_BURN: Final = "StagelensITLBudgetBurn"
 ALERT_GOODPUT_BUDGET_BURN: Final = "StagelensGoodputBudgetBurn"
+ALERT_ANSWER_BUDGET_BURN: Final = "StagelensAnswerBudgetBurn"
 ALERT_STAGE_OVER_BUDGET: Final = "StagelensStageOverBudget"
 ALERT_KV_HIT_RATE_COLLAPSE: Final = "StagelensKVCacheHitRateCollapse"
 ALERT_GPU_SATURATED: Final = "StagelensGPUSaturated"
@@ -67,6 +68,7 @@ BURN_ALERTS: Final[dict[str, str]] = {
     sc.SLI_TTFT: sc.ALERT_TTFT_BUDGET_BURN,
     sc.SLI_ITL: ALERT_ITL_BUDGET_BURN,
     sc.SLI_GOODPUT: ALERT_GOODPUT_BUDGET_BURN,
+    sc.SLI_ANSWER: ALERT_ANSWER_BUDGET_BURN,
 }
 """SLI -> its burn-rate alert."""
 
@@ -99,6 +101,7 @@ _SLI_WORDS: Final[dict[str, str]] = {
     sc.SLI_TTFT: "TTFT",
     sc.SLI_ITL: "Inter-token latency",
     sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
 }
 
 
@@ -138,6 +141,8 @@ def _sli_text(cfg: SloConfig, sli: str) -> str:
         sc.SLI_TTFT: f"had no first token within {ttft} (errors count as slow)",
         sc.SLI_ITL: f"streamed with a mean inter-token latency above {itl} or broke mid-stream",
         sc.SLI_GOODPUT: f"missed the TTFT ({ttft}) or the inter-token latency ({itl}) objective",
+        sc.SLI_ANSWER: f"had no answer token (past the reasoning) within "
+        f"{cfg.answer_threshold_seconds:g}s (errors and streams cut while thinking count)",
     }[sli]
 
 

@@ -134,6 +134,13 @@ def ttft_buckets(threshold_seconds: float) -> tuple[float, ...]:
     return with_boundary(TTFT_BUCKETS, threshold_seconds)
 
 
+def answer_buckets(ttft_threshold: float, answer_threshold: float) -> tuple[float, ...]:
+    """Time-to-first-answer-token buckets: the TTFT buckets (so the two histograms read
+    side by side, and are equal for a model that does not reason) with the answer SLO
+    threshold a boundary too."""
+    return with_boundary(ttft_buckets(ttft_threshold), answer_threshold)
+
+
 # The GenAI semantic conventions' explicit bucket advice (v1.41.0,
 # open-telemetry/semantic-conventions docs/gen-ai/gen-ai-metrics.md, "This metric SHOULD be
 # specified with [ExplicitBucketBoundaries] of ..."), passed to ``create_histogram`` as

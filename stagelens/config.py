@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     """YAML price table; None uses the documented default (see stagelens.pricing)."""
     ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0)
     """TTFT SLO threshold; always made a TTFT histogram bucket boundary."""
+    answer_slo_threshold_seconds: float = Field(default=10.0, gt=0)
+    """Time-to-first-answer-token SLO threshold (the ``answer`` SLI): a streamed request
+    whose first answer token (not reasoning) came later than this, or never came because
+    the stream failed or was cut while the model was thinking, is bad. Generous by default
+    (10 s): thinking is the product of a reasoning model; set it to what your users wait.
+    Always made a bucket boundary of ``stagelens_time_to_first_answer_token_seconds``."""
     itl_slo_threshold_seconds: float = Field(default=0.1, gt=0)
     """ITL SLO threshold: a streamed request whose mean inter-token latency is above it is
     bad for the ``itl`` SLI. Must be a bucket boundary of

@@ -53,6 +53,16 @@ class Histogram:
         return self.total / self.count if self.count else math.nan
 
 
+_HISTOGRAMS = frozenset(
+    (
+        sc.STAGE_DURATION,
+        sc.REQUEST_DURATION,
+        sc.TIME_TO_FIRST_TOKEN,
+        sc.TIME_TO_FIRST_ANSWER_TOKEN,
+    )
+)
+
+
 def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str, float]]:
     """Histograms by (metric, stage-or-empty) and stage budgets from exposition text."""
     hists: dict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram({}))
@@ -63,7 +73,7 @@ def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str
             if family.name == sc.STAGE_BUDGET:
                 budgets[labels.get(sc.LABEL_STAGE, "")] = value
                 continue
-            if family.name not in (sc.STAGE_DURATION, sc.REQUEST_DURATION, sc.TIME_TO_FIRST_TOKEN):
+            if family.name not in _HISTOGRAMS:
                 continue
             key = (family.name, labels.get(sc.LABEL_STAGE, ""))
             hist = hists[key]
@@ -79,6 +89,42 @@ def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str
 
 def _ms(seconds: float) -> str:
     return "-" if math.isnan(seconds) else f"{seconds * 1000:8.2f}"
+
+
+@dataclass(frozen=True)
+class ReasoningShare:
+    """Of one (model, tenant)'s output tokens, those spent thinking."""
+
+    model: str
+    tenant: str
+    output: float
+    reasoning: float
+
+    @property
+    def share(self) -> float:
+        """reasoning / output (NaN without output)."""
+        return self.reasoning / self.output if self.output else math.nan
+
+
+def reasoning_shares(text: str) -> list[ReasoningShare]:
+    """Per (model, tenant) that had reasoning tokens, its output and reasoning tokens
+    (``stagelens_tokens_total``: reasoning is a part of output), largest share first."""
+    totals: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name != sc.TOKENS:
+                continue
+            labels = sample.labels
+            key = (labels.get(sc.LABEL_MODEL, ""), labels.get(sc.LABEL_TENANT, ""))
+            totals[key][labels.get(sc.LABEL_TYPE, "")] += sample.value
+    rows = [
+        ReasoningShare(
+            model, tenant, by_type.get(sc.TOKEN_TYPE_OUTPUT, 0.0), by_type[sc.TOKEN_TYPE_REASONING]
+        )
+        for (model, tenant), by_type in totals.items()
+        if by_type.get(sc.TOKEN_TYPE_REASONING, 0.0) > 0
+    ]
+    return sorted(rows, key=lambda r: (-r.reasoning / (r.output or 1.0), r.model, r.tenant))
 
 
 @dataclass(frozen=True)
@@ -140,13 +186,32 @@ def render_table(text: str) -> str:
             f"{'end-to-end':14s} {'':>10s} {_ms(e2e.quantile(0.5)):>9s} "
             f"{_ms(e2e.quantile(0.95)):>9s} {100.0:6.1f}% {int(e2e.count):7d}"
         )
-    ttft = hists.get((sc.TIME_TO_FIRST_TOKEN, ""))
-    if ttft is not None and ttft.count:
-        lines.append(
-            f"{'TTFT':14s} {'':>10s} {_ms(ttft.quantile(0.5)):>9s} {_ms(ttft.quantile(0.95)):>9s}"
-        )
+    for metric, title in (
+        (sc.TIME_TO_FIRST_TOKEN, "TTFT"),
+        (sc.TIME_TO_FIRST_ANSWER_TOKEN, "first answer"),
+    ):
+        hist = hists.get((metric, ""))
+        if hist is not None and hist.count:
+            lines.append(
+                f"{title:14s} {'':>10s} {_ms(hist.quantile(0.5)):>9s} "
+                f"{_ms(hist.quantile(0.95)):>9s}"
+            )
     lines.append("share = mean stage time / mean end-to-end time (streamed responses overlap")
     lines.append("inference with postprocess, so shares need not add to 100 %)")
+    lines.append("first answer = time to the first answer token, past a reasoning model's thinking")
+    shares = reasoning_shares(text)
+    if shares:
+        lines.append("")
+        lines.append(
+            f"{'model':20s} {'tenant':16s} {'output':>10s} {'reasoning':>10s} {'share':>7s}"
+        )
+        lines.append("-" * 67)
+        for row in shares:
+            lines.append(
+                f"{row.model[:20]:20s} {row.tenant[:16]:16s} {row.output:10.0f} "
+                f"{row.reasoning:10.0f} {row.share * 100:6.1f}%"
+            )
+        lines.append("reasoning = output tokens the model spent thinking (billed as output)")
     return "\n".join(lines)
 
 

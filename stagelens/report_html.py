@@ -24,7 +24,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stagelens import semconv as sc
 from stagelens.errors import TraceSourceError
-from stagelens.report import Histogram, StageRow, parse_metrics, stage_rows
+from stagelens.report import (
+    Histogram,
+    ReasoningShare,
+    StageRow,
+    parse_metrics,
+    reasoning_shares,
+    stage_rows,
+)
 from stagelens.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
 from stagelens.traces import (
     DEFAULT_TRACE_SOURCE,
@@ -71,6 +78,10 @@ class Figures:
     tokens: dict[str, dict[str, float]] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     requests: dict[str, float] = field(default_factory=dict)
+    ttfat: Histogram | None = None
+    """Time to first answer token (past a reasoning model's thinking)."""
+    reasoning: list[ReasoningShare] = field(default_factory=list)
+    """Per (model, tenant) that reasoned: output and reasoning tokens."""
 
 
 def read_figures(text: str) -> Figures:
@@ -105,6 +116,8 @@ def read_figures(text: str) -> Figures:
         tokens={t: dict(v) for t, v in tokens.items()},
         cost=dict(cost),
         requests=dict(requests),
+        ttfat=hists.get((sc.TIME_TO_FIRST_ANSWER_TOKEN, "")),
+        reasoning=reasoning_shares(text),
     )
 
 
@@ -205,6 +218,23 @@ def _tenant_table(figures: Figures) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def _reasoning_table(figures: Figures) -> str:
+    """Per model and tenant: output tokens, the reasoning part, its share."""
+    if not figures.reasoning:
+        return '<p class="empty">no reasoning tokens (no model here reasons)</p>'
+    rows = "".join(
+        f"<tr><td>{escape(r.model)}</td><td>{escape(r.tenant)}</td><td>{r.output:,.0f}</td>"
+        f"<td>{r.reasoning:,.0f}</td><td>{r.share * 100:.1f}% "
+        f'<span class="share" style="width:{r.share * 100:.0f}px"></span></td></tr>'
+        for r in figures.reasoning
+    )
+    head = (
+        "<tr><th>model</th><th>tenant</th><th>output tokens</th><th>of which reasoning</th>"
+        "<th>reasoning share</th></tr>"
+    )
+    return f"<table>{head}{rows}</table>"
+
+
 def render_page(
     figures: Figures,
     waterfall: Waterfall | None,
@@ -232,9 +262,13 @@ def render_page(
         f'<div><b>TTFT</b> <span class="meta">{_quantiles(figures.ttft)}</span><br>'
         f"{_chart(figures.ttft, 'TTFT')}</div>"
         f'<div><b>Inter-token latency</b> <span class="meta">{_quantiles(figures.itl)}'
-        f"</span><br>{_chart(figures.itl, 'inter-token latency')}</div></div>"
+        f"</span><br>{_chart(figures.itl, 'inter-token latency')}</div>"
+        f'<div><b>Time to first answer token</b> <span class="meta">'
+        f"{_quantiles(figures.ttfat)}</span><br>"
+        f"{_chart(figures.ttfat, 'time to first answer token')}</div></div>"
         f'<h2>The slowest trace</h2><p class="meta">{escape(trace_note)}</p>{trace_part}'
         f"<h2>Tokens and cost by tenant</h2>{_tenant_table(figures)}"
+        f"<h2>Reasoning share by model and tenant</h2>{_reasoning_table(figures)}"
         "</body></html>\n"
     )
 

@@ -66,6 +66,7 @@ _SLI_PANEL: Final[dict[str, str]] = {
     sc.SLI_TTFT: "TTFT",
     sc.SLI_ITL: "Inter-token latency",
     sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
 }
 
 
@@ -85,6 +86,9 @@ def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
         sc.SLI_ITL: f"streamed two or more tokens with a mean gap above "
         f"{cfg.itl_threshold_seconds:g}s, or broke after its first token",
         sc.SLI_GOODPUT: "streamed and missed the TTFT or the inter-token-latency objective",
+        sc.SLI_ANSWER: f"asked for a stream and got no answer token (past the model's "
+        f"reasoning) within {cfg.answer_threshold_seconds:g}s, failures and streams cut "
+        "while the model was still thinking included",
     }[sli]
     trace = {
         sc.SLI_AVAILABILITY: f"{{ {SERVICE} && span.http.response.status_code >= 500 }}",
@@ -92,6 +96,8 @@ def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
         sc.SLI_ITL: '{ span.stagelens.stage = "inference" && span.gen_ai.request.stream = true '
         "&& duration > 5s }",
         sc.SLI_GOODPUT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+        sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > "
+        f"{cfg.answer_threshold_seconds:g} }}",
     }[sli]
     title = _SLI_PANEL[sli]
     return Entry(

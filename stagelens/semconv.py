@@ -344,7 +344,8 @@ to the first output-bearing event received from the upstream (streamed calls onl
 inference stage's share of the time to first token; its stage budget applies to this."""
 LABEL_SLI: Final = "sli"
 """Which service level indicator a request was counted for (``availability``, ``ttft``,
-``itl``, ``goodput``); each request's verdict is decided by the gateway at its end."""
+``itl``, ``goodput``, ``answer``); each request's verdict is decided by the gateway at its
+end."""
 SLI_AVAILABILITY: Final = "availability"
 """``sli`` label value: every measured request except those whose client left before the
 answer was complete; bad when answered 5xx or when a stream failed after its 200 headers."""
@@ -383,7 +384,7 @@ LABEL_CODE: Final = "code"
 LABEL_TENANT: Final = "tenant"
 """Bounded tenant: top-N configured tenants, everything else ``other``."""
 LABEL_TYPE: Final = "type"
-"""Token type: input, output, cached_input."""
+"""Token type: input, output, cached_input (part of input), reasoning (part of output)."""
 LABEL_PHASE: Final = "phase"
 """Engine phase: queue, prefill, decode (contract); the vLLM plugin adds ``frontend``
 (``PHASE_FRONTEND``): filter ``phase!="frontend"`` to compare engine phases alone."""
@@ -563,3 +564,32 @@ GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
 """Name of an observable gauge the GenAI metrics register and that never observes anything:
 its callback, which the SDK runs at the start of every collection, folds the requests still
 queued, so each export has every finished request. Never exported (no data points)."""
+
+# Reasoning models (issue 30): reasoning tokens and the time to the first answer token.
+# --------------------------------------------------------------------------------------
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+"""On the inference and root spans: the request's reasoning tokens, a part of
+``gen_ai.usage.output_tokens`` (GenAI semantic conventions v1.41.1): the server's
+``usage.completion_tokens_details.reasoning_tokens`` when it reports them, else the
+reasoning events received, one token each (``stagelens.usage.estimated`` then set)."""
+TOKEN_TYPE_REASONING: Final = "reasoning"
+"""``type`` label value: reasoning tokens, a part of ``output`` (as ``cached_input`` is of
+``input``). Billed as output, at the output rate: the cost is unchanged by them."""
+GEN_AI_TOKEN_TYPE_REASONING: Final = "reasoning"
+"""``gen_ai.token.type`` value (a stagelens extension: the conventions name only ``input``
+and ``output``): the reasoning tokens of a request, a part of its ``output`` value, so a
+sum over ``input`` and ``output`` still counts every billed token once."""
+TIME_TO_FIRST_ANSWER_TOKEN: Final = "stagelens_time_to_first_answer_token_seconds"
+"""Histogram {model}: gateway receipt to the first body sent to the client after the first
+answer-bearing event arrived from upstream (content, a tool call, a completion's text:
+anything but reasoning). Equal to ``stagelens_time_to_first_token_seconds`` for a model
+that does not reason; for one that does, the time the user waits past the thinking. Same
+buckets as the TTFT histogram, with the answer SLO threshold a boundary."""
+ATTR_TTFAT: Final = "stagelens.time_to_first_answer_token"
+"""On the root span: seconds from gateway receipt to the first answer token sent (as
+``stagelens_time_to_first_answer_token_seconds``)."""
+SLI_ANSWER: Final = "answer"
+"""``sli`` label value: the ``ttft`` requests (streamed completions not answered 4xx); bad
+when the time to first answer token exceeded ``answer_slo_threshold_seconds``, or no answer
+token came because the request failed or the stream was cut during the reasoning (a client
+gone before the answer counts only if it waited past the threshold)."""

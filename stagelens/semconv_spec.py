@@ -96,6 +96,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(sc.STAGE_DURATION, "histogram", "seconds", (sc.LABEL_STAGE, sc.LABEL_MODEL), _GW),
     MetricSpec(sc.REQUEST_DURATION, "histogram", "seconds", (sc.LABEL_MODEL, sc.LABEL_CODE), _GW),
     MetricSpec(sc.TIME_TO_FIRST_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(sc.TIME_TO_FIRST_ANSWER_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(sc.INTER_TOKEN_LATENCY, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
         sc.ENGINE_PHASE_DURATION,
@@ -305,6 +306,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_HW_GPU_TASK, "string"),
     AttributeSpec(sc.ATTR_PROCESS_PID, "int"),
     AttributeSpec(sc.ATTR_PROCESS_EXECUTABLE_NAME, "string"),
+    AttributeSpec(sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "int", "{token}"),
+    AttributeSpec(sc.ATTR_TTFAT, "double", "s"),
 )
 """Every attribute key on spans or OpenTelemetry metrics, with its value type and unit."""
 
@@ -332,6 +335,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_REQUEST_MODEL,
             sc.ATTR_TENANT,
             sc.ATTR_TTFT,
+            sc.ATTR_TTFAT,
+            sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
             sc.ATTR_CLIENT_DISCONNECTED,
             sc.ATTR_REJECTED_BY,
             sc.ERROR_TYPE,
@@ -366,6 +371,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_RESPONSE_MODEL,
             sc.GEN_AI_RESPONSE_FINISH_REASONS,
             *_USAGE,
+            sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
             sc.GEN_AI_INPUT_MESSAGES,
             sc.GEN_AI_OUTPUT_MESSAGES,
             sc.SERVER_ADDRESS,

@@ -38,7 +38,13 @@ _UNIT_SECONDS: Final[dict[str, float]] = {
     "w": 604800,
 }
 
-SLIS: Final[tuple[str, ...]] = (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT)
+SLIS: Final[tuple[str, ...]] = (
+    sc.SLI_AVAILABILITY,
+    sc.SLI_TTFT,
+    sc.SLI_ITL,
+    sc.SLI_GOODPUT,
+    sc.SLI_ANSWER,
+)
 """The SLIs the gateway records, in the order the rules and dashboards list them."""
 
 DEFAULT_ITL_THRESHOLD_SECONDS: Final = 0.1
@@ -68,6 +74,13 @@ def gateway_thresholds(settings: Settings | None = None) -> tuple[float, float]:
     settings = settings if settings is not None else load_settings()
     itl = getattr(settings, "itl_slo_threshold_seconds", DEFAULT_ITL_THRESHOLD_SECONDS)
     return float(settings.ttft_slo_threshold_seconds), float(itl)
+
+
+def gateway_answer_threshold(settings: Settings | None = None) -> float:
+    """The time-to-first-answer-token threshold (seconds) the gateway judges the
+    ``answer`` SLI by: ``settings``, or the ``STAGELENS_*`` environment."""
+    settings = settings if settings is not None else load_settings()
+    return float(settings.answer_slo_threshold_seconds)
 
 
 class BurnWindow(BaseModel):
@@ -113,6 +126,7 @@ DEFAULT_OBJECTIVES: Final[dict[str, float]] = {
     sc.SLI_TTFT: 0.95,
     sc.SLI_ITL: 0.95,
     sc.SLI_GOODPUT: 0.90,
+    sc.SLI_ANSWER: 0.95,
 }
 """Share of requests that must be good over the period, per SLI (TTFT: the contract's 95 %)."""
 
@@ -150,8 +164,14 @@ class SloConfig(BaseModel):
     itl_threshold_seconds: float = Field(default_factory=lambda: gateway_thresholds()[1])
     """A streamed request meets the ITL SLO when its mean inter-token latency is <= this.
     Always the gateway's ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``; an ITL bucket boundary."""
+    answer_threshold_seconds: float = Field(default_factory=gateway_answer_threshold)
+    """A streamed request meets the ``answer`` SLO when its first answer token (not
+    reasoning) came within this. Always the gateway's
+    ``STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS`` (default 10 s, generous: a reasoning model's
+    thinking is its product); must be a TTFT bucket boundary."""
     objectives: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
-    """SLI -> objective; every SLI of ``SLIS`` gets a burn-rate alert."""
+    """SLI -> objective; every SLI of ``SLIS`` gets a burn-rate alert. ``answer`` may be
+    left out (configs written before it existed): it then gets its default objective."""
     period: str = "30d"
     """SLO period (error-budget window)."""
     burn_windows: tuple[BurnWindow, ...] = DEFAULT_BURN_WINDOWS
@@ -239,7 +259,7 @@ class SloConfig(BaseModel):
     def _durations(cls, value: str) -> str:
         return _check_duration(value)
 
-    @field_validator("ttft_threshold_seconds")
+    @field_validator("ttft_threshold_seconds", "answer_threshold_seconds")
     @classmethod
     def _ttft_is_boundary(cls, value: float) -> float:
         if value not in TTFT_BUCKETS:
@@ -262,6 +282,8 @@ class SloConfig(BaseModel):
     @field_validator("objectives")
     @classmethod
     def _every_sli(cls, value: dict[str, float]) -> dict[str, float]:
+        if sc.SLI_ANSWER not in value:
+            value = {**value, sc.SLI_ANSWER: DEFAULT_OBJECTIVES[sc.SLI_ANSWER]}
         if set(value) != set(SLIS):
             raise ValueError(f"objectives must name exactly {list(SLIS)}, got {sorted(value)}")
         bad = {k: v for k, v in value.items() if not 0 < v < 1}
@@ -299,6 +321,14 @@ class SloConfig(BaseModel):
                     f"STAGELENS_{env}_SLO_THRESHOLD_SECONDS={mine} where the gateway runs "
                     "and where the rules are rendered, and leave it out of the SLO config"
                 )
+        answer = gateway_answer_threshold()
+        if self.answer_threshold_seconds != answer:
+            raise ValueError(
+                f"answer_threshold_seconds={self.answer_threshold_seconds} disagrees with the "
+                f"gateway's STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS={answer}: they are one "
+                "threshold; set the variable where the gateway runs and where the rules are "
+                "rendered, and leave it out of the SLO config"
+            )
         return self
 
     def error_budget(self, sli: str) -> float:
