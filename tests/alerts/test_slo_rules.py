@@ -102,6 +102,31 @@ class TestSloConfig:
                 {"burn_windows": [{"long": "1h", "short": "5m", "factor": 1, "severity": "urgent"}]}
             )
 
+    def test_the_answer_sli_has_a_generous_default_and_old_configs_still_load(
+        self, tmp_path
+    ) -> None:
+        """The answer threshold is the gateway's (10 s by default), its objective 0.95; a
+        config naming only the four older SLIs gets the answer's default objective; an
+        answer threshold other than the gateway's, or off the TTFT buckets, is refused."""
+        cfg = SloConfig()
+        assert cfg.answer_threshold_seconds == 10.0
+        assert cfg.objectives[sc.SLI_ANSWER] == 0.95
+        old = {"availability": 0.999, "ttft": 0.99, "itl": 0.95, "goodput": 0.9}
+        assert slo_config_from_mapping({"objectives": old}).objectives[sc.SLI_ANSWER] == 0.95
+        with pytest.raises(ConfigurationError, match="STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS"):
+            slo_config_from_mapping({"answer_threshold_seconds": 20.0})
+        with pytest.raises(ConfigurationError, match="bucket boundary"):
+            slo_config_from_mapping({"answer_threshold_seconds": 12.0})
+
+    def test_the_answer_threshold_comes_from_the_gateway(self, monkeypatch) -> None:
+        """STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS sets the answer alert's threshold."""
+        monkeypatch.setenv("STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS", "20")
+        cfg = load_slo_config()
+        assert cfg.answer_threshold_seconds == 20.0
+        burn = [r for r in _alerts(cfg) if r["alert"] == "StagelensAnswerBudgetBurn"]
+        assert {r["labels"]["severity"] for r in burn} == {"page", "ticket"}
+        assert "within 20s" in burn[0]["annotations"]["description"]
+
     def test_duration_seconds(self) -> None:
         """Prometheus durations convert to float seconds."""
         assert duration_seconds("30d") == 2592000

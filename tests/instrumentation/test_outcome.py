@@ -80,6 +80,51 @@ def test_sli_verdicts(given: dict[str, Any], expected: dict[str, bool]) -> None:
     assert _verdicts(**given) == expected
 
 
+def _answer(**given: Any) -> bool | None:
+    """The ``answer`` verdict (None: not counted), threshold 10 s."""
+    base = {"ttfat": given.get("ttft", 0.1), "answer_threshold": 10.0}
+    return _verdicts(**{**base, **given}).get(sc.SLI_ANSWER)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, False),  # a model that does not reason: its first token answered
+        ({"ttfat": 4.0}, False),  # thought 3.9 s, answered within 10 s
+        ({"ttfat": 10.0}, False),  # at the threshold: good
+        ({"ttfat": 12.0}, True),
+        ({"ttfat": None}, True),  # a first token, never an answer: cut while thinking
+        ({"ttfat": None, "server_failed": True}, True),
+        ({"ttft": None, "ttfat": None, "server_failed": True, "code": 503}, True),
+        ({"ttft": None, "ttfat": None, "client_gone": True, "waited": 3.0}, None),
+        ({"ttfat": None, "client_gone": True, "waited": 11.0}, True),
+        ({"ttft": None, "ttfat": None}, None),  # an answer with no output at all
+        ({"streamed": False}, None),
+        ({"code": 429, "ttft": None, "ttfat": None}, None),
+        ({"answer_threshold": None}, None),  # no threshold: no verdict
+    ],
+    ids=[
+        "no-reasoning",
+        "thought-answered-in-time",
+        "answer-at-threshold",
+        "slow-answer",
+        "no-answer-after-thinking",
+        "failed-while-thinking",
+        "unavailable",
+        "client-gone-early",
+        "client-gone-after-waiting",
+        "answer-without-output",
+        "not-streamed",
+        "rate-limited",
+        "no-threshold",
+    ],
+)
+def test_answer_verdict(given: dict[str, Any], expected: bool | None) -> None:
+    """The ``answer`` SLI counts the ``ttft`` requests, bad when the first answer token
+    was late or never came while the request was waited for."""
+    assert _answer(**given) is expected
+
+
 def test_gaps_are_per_choice_and_per_event() -> None:
     """Marks point at the bodies sent after each event: events of one read share a body
     (gap 0), each choice has its own gaps, events after the last body give none."""
