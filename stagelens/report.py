@@ -206,10 +206,10 @@ def render_table(text: str) -> str:
             f"{'model':20s} {'tenant':16s} {'output':>10s} {'reasoning':>10s} {'share':>7s}"
         )
         lines.append("-" * 67)
-        for row in shares:
+        for share in shares:
             lines.append(
-                f"{row.model[:20]:20s} {row.tenant[:16]:16s} {row.output:10.0f} "
-                f"{row.reasoning:10.0f} {row.share * 100:6.1f}%"
+                f"{share.model[:20]:20s} {share.tenant[:16]:16s} {share.output:10.0f} "
+                f"{share.reasoning:10.0f} {share.share * 100:6.1f}%"
             )
         lines.append("reasoning = output tokens the model spent thinking (billed as output)")
     return "\n".join(lines)
