@@ -263,8 +263,8 @@ def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
 _MODELS = st.sampled_from(["m", "n", "other"])
 _SECONDS = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 _VERDICTS = st.lists(
-    st.tuples(st.sampled_from(["availability", "ttft", "itl", "goodput"]), st.booleans()),
-    max_size=4,
+    st.tuples(st.sampled_from(["availability", "ttft", "itl", "goodput", "answer"]), st.booleans()),
+    max_size=5,
     unique_by=lambda verdict: verdict[0],
 ).map(tuple)
 _RECORDS = st.builds(
@@ -291,11 +291,13 @@ _RECORDS = st.builds(
         output_tokens=st.integers(0, 10_000),
         cached_input_tokens=st.integers(0, 10_000),
         cost_usd=st.floats(min_value=0.0, max_value=10.0),
+        reasoning_tokens=st.integers(0, 10_000),
     ),
     upstream_ttft=st.none() | _SECONDS,
     verdicts=_VERDICTS,
     unmetered=st.none() | st.sampled_from(["estimated", "unbilled"]),
     exemplar=st.none() | st.builds(ExemplarRef, st.just(1), st.just(2), st.just(3.0)),
+    ttfat=st.none() | _SECONDS,
 )
 
 
@@ -316,6 +318,10 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         semconv.REQUEST_DURATION, ["model", "code"], buckets.REQUEST_DURATION_BUCKETS
     )
     ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model"], ttft_bounds)
+    answer_bounds = buckets.answer_buckets(
+        settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+    )
+    ttfat = histogram(semconv.TIME_TO_FIRST_ANSWER_TOKEN, ["model"], answer_bounds)
     itl = histogram(semconv.INTER_TOKEN_LATENCY, ["model"], buckets.INTER_TOKEN_LATENCY_BUCKETS)
     stage = histogram(semconv.STAGE_DURATION, ["stage", "model"], buckets.STAGE_DURATION_BUCKETS)
     phase = histogram(
@@ -334,6 +340,8 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         requests.labels(r.model, r.code).inc()
         if r.ttft is not None:
             ttft.labels(r.model).observe(r.ttft)
+        if r.ttfat is not None:
+            ttfat.labels(r.model).observe(r.ttfat)
         for gap in r.gaps:
             itl.labels(r.model).observe(gap)
         for name, seconds in r.stages:
@@ -354,6 +362,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
             tokens.labels(r.model, b.tenant, "input").inc(b.input_tokens)
             tokens.labels(r.model, b.tenant, "output").inc(b.output_tokens)
             tokens.labels(r.model, b.tenant, "cached_input").inc(b.cached_input_tokens)
+            tokens.labels(r.model, b.tenant, "reasoning").inc(b.reasoning_tokens)
             cost.labels(r.model, b.tenant).inc(b.cost_usd)
     return registry
 
