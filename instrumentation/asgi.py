@@ -35,8 +35,8 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
-from stagelens._instruments import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.config import Settings
+from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
@@ -361,7 +361,7 @@ class _RequestTracker:
         settings = telemetry.settings
         try:
             phases = state.phases
-            telemetry.instruments.submit(
+            telemetry.fold.submit(
                 RequestRecord(
                     model=model,
                     code=code_label,
