@@ -56,7 +56,7 @@ went away (the span then also records the error)."""
 
 # GenAI semantic conventions (v1.41 names).
 GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
-"""``chat`` or ``text_completion``."""
+"""``chat``, ``text_completion`` or ``embeddings``."""
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 """Always ``vllm`` for the engine stagelens wraps."""
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
@@ -71,6 +71,12 @@ GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 """The model name the server answered with."""
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 """Finish reasons of every choice, as a string array."""
+# Embeddings client span (issue 28): the request's encoding formats and the answer's
+# vector size, as the GenAI semantic conventions name them.
+GEN_AI_REQUEST_ENCODING_FORMATS: Final = "gen_ai.request.encoding_formats"
+"""On an embeddings span: the encoding formats asked for (``encoding_format``), as a list."""
+GEN_AI_EMBEDDINGS_DIMENSION_COUNT: Final = "gen_ai.embeddings.dimension.count"
+"""On an embeddings span: the number of dimensions of the answer's (first) vector."""
 GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 """Prompt tokens, cached ones included."""
 GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
