@@ -128,7 +128,7 @@ class _UpstreamCall(EventReader):
             state.streamed = state.streamed or stream
             if embeddings:
                 state.set_tokenless()  # an embedding has no first token
-            if telemetry.instruments.sinks:  # the GenAI metrics are on
+            if telemetry.fold.needs_genai:  # the GenAI metrics are on
                 url = request.url
                 state.genai = GenAICall(operation, stream, url.host, url.port)
         self._inference = inference
