@@ -29,6 +29,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
+from stagelens._plain import plain
+
 if TYPE_CHECKING:
     from stagelens.exporters.deferred import RecordedSpan
 
@@ -41,6 +43,7 @@ _FLAGS_LOCAL: Final = b"\x85\x01" + _fixed32(0x100)  # Span.flags = 16, fixed32
 _FLAGS_REMOTE: Final = b"\x85\x01" + _fixed32(0x300)
 _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status = 15, an empty Status
 _CACHE_LIMIT: Final = 4096
+_CACHING: Final = not plain("otlp_caches")
 _cached_pairs: dict[tuple[str, Any, type, bytes], bytes] = {}
 
 
@@ -178,7 +181,8 @@ def _remember(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
     """Store ``encoded`` under ``key`` in a bounded cache (cleared when full); return it."""
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
-    cache[key] = encoded
+    if _CACHING:
+        cache[key] = encoded
     return encoded
 
 

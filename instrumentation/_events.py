@@ -25,6 +25,7 @@ from stagelens.instrumentation import _openai
 from stagelens.instrumentation._sse import Event, content_keys, is_done, output_fast, split_events
 
 from stagelens import semconv as sc
+from stagelens._plain import plain
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts
 
@@ -36,6 +37,10 @@ _DONE_EVENT: Final = b"data: [DONE]\n\n"
 _NONE: Final[list[int]] = []
 _NONE_SENT: Final[list[float]] = []
 """Placeholders, never appended to: a prefix is learned with the real lists."""
+_PREFIX: Final = not plain("reader_prefix")
+_BYTES: Final = not plain("reader_bytes")
+_OUTPUT_BYTES: Final = not plain("output_bytes")
+_DONE: Final = not plain("done_event")
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
 
@@ -182,7 +187,7 @@ class EventReader:
         output key with a non-empty string value (sound, see ``_sse.output_fast``),
         another that it is one single-line event. Its prefix is learned then.
         """
-        if self._fast and not self._partial:
+        if _BYTES and self._fast and not self._partial:
             key = self._key
             at = chunk.find(key, 5)
             if at < 0 and self._learned is None:  # maybe it spaces its JSON the other way
@@ -204,7 +209,8 @@ class EventReader:
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
-                    self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
+                    if _PREFIX:
+                        self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
                     self._into, self._sent = marks, sends
                 else:
                     self._unmarked += 1
@@ -214,7 +220,9 @@ class EventReader:
                 return chunk
         if self._passing:
             return chunk
-        if chunk == _DONE_EVENT and not self._partial:  # the stream's end, alone in a chunk
+        if (
+            _DONE and chunk == _DONE_EVENT and not self._partial
+        ):  # the stream's end, alone in a chunk
             self._ended = True
             return chunk
         held = self._partial if self._strip else b""
@@ -236,7 +244,12 @@ class EventReader:
         for start, stop, payload in events:
             if payload is None:
                 continue
-            if self._fast and output_fast(payload, self._key) and payload.find(b"\n") < 0:
+            if (
+                _OUTPUT_BYTES
+                and self._fast
+                and output_fast(payload, self._key)
+                and payload.find(b"\n") < 0
+            ):
                 # (One data line: lines joined are no JSON an encoder writes.)
                 self._output(0)
                 self._last_fast = b"data:" + payload
@@ -326,6 +339,13 @@ class EventReader:
             self._ended = True
         if self._recording and self._response_id is None:
             self._response_id = facts.id
+
+    def read_plainly(self) -> None:
+        """Make this reader its plain twin: from now on every chunk is split into events
+        and every event parsed, none read from its bytes (what a stream of several choices
+        always does). The twin the shortcuts are property-tested against."""
+        self._fast = False
+        self._prefix = self._learned = None
 
     def stop_reading(self) -> bytes:
         """Stop reading (PASS); return the bytes held back, handed over once."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
+from stagelens._plain import plain
+
 DONE: Final = b"[DONE]"
 """The payload of the stream's terminating event."""
 
@@ -23,11 +25,14 @@ Event = tuple[int, int, bytes | None]
 the data is None for an event without ``data:`` lines (a comment, a keep-alive)."""
 
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
+_SPLIT_LF: Final = not plain("split_lf")
 
 
 def data_of(block: bytes) -> bytes | None:
     """The data of one event's lines (no blank line among them), LF-separated."""
-    if block.startswith(b"data:") and block.find(b"\n") < 0:  # (bytes ``in`` costs more)
+    if (
+        _SPLIT_LF and block.startswith(b"data:") and block.find(b"\n") < 0
+    ):  # (bytes ``in`` costs more)
         value = block[5:]  # the usual event: one data line
         return value[1:] if value[:1] == b" " else value
     values = []
@@ -47,7 +52,7 @@ def split_events(data: bytes) -> tuple[list[Event], int]:
     keeps an incomplete event for the next chunk; everything else reaches the app as it
     came. A final CR is held back (a CRLF may be split across chunks).
     """
-    if data.find(b"\r") >= 0:  # (a find: bytes ``in`` first fails to read an int)
+    if not _SPLIT_LF or data.find(b"\r") >= 0:  # (a find: bytes ``in`` first fails to read an int)
         return _split_any_line_ends(data)
     events: list[Event] = []
     start = 0

@@ -36,6 +36,7 @@ from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
 from stagelens._instruments import ExemplarRef, PhaseTimes, RequestRecord
+from stagelens._plain import plain
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -59,6 +60,7 @@ STATUS_CLIENT_CLOSED = 499
 """``code`` label for a request whose client went away before any response was sent."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
+_SEND_FUNCTION = not plain("send_function")
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -302,6 +304,12 @@ class _RequestTracker:
                         self._sse = value.startswith(b"text/event-stream")
             return send(message)
 
+        if not _SEND_FUNCTION:
+
+            async def plain_send(message: Message) -> None:
+                await wrapped_send(message)
+
+            return plain_send
         return wrapped_send
 
     # -- end of request ----------------------------------------------------------------

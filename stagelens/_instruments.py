@@ -25,6 +25,7 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens._plain import plain
 from stagelens._series import (
     BillingSeries,
     Candidates,
@@ -138,6 +139,7 @@ _Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
+_ONE_GROUP: Final = not plain("fold_one_group")
 
 
 def _grouped(
@@ -147,7 +149,7 @@ def _grouped(
     nearly always one model, one status code and one tenant: then the list itself, with
     no copy and one pass to find the values."""
     values = set(map(key, items))
-    if len(values) == 1:
+    if len(values) == 1 and _ONE_GROUP:
         yield values.pop(), items
         return
     for value in values:

@@ -22,10 +22,12 @@ from prometheus_client.samples import Exemplar
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens._plain import plain
 
 if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
+_BUCKET_RUNS = not plain("bucket_runs")
 _Child = Any  # prometheus_client label children are untyped in its public API
 
 
@@ -132,6 +134,12 @@ class FastHistogram:
             if not values:
                 return
             total = sum(values)
+        if not _BUCKET_RUNS:
+            for value in values:
+                self.observe(value)
+            if exemplars:
+                self._keep_latest(exemplars)
+            return
         # Sorted once (list.sort compares floats natively), then one run of values per
         # touched bucket: two bisects and one increment per bucket, not a bisect through
         # the bounds per value (~1 k instructions each on CPython 3.11).

@@ -86,7 +86,8 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3}
 def scripted_upstream() -> Starlette:
     """An OpenAI-compatible upstream that sends what each request scripts in its body:
 
-    - ``x_script``: ``[seconds to wait, text]`` pairs, each text sent as one chunk;
+    - ``x_script``: ``[seconds to wait, text]`` pairs, each text sent as one chunk (an
+      empty text: only the wait);
     - then, when ``stream_options.include_usage`` asks (as vLLM), the usage event: the
       event of ``x_usage_event`` (a JSON body) if given, else ``{"id": "c1", "choices":
       [], "usage": x_usage or USAGE}``, not with ``x_no_usage`` (as vLLM after an error
@@ -115,7 +116,8 @@ def scripted_upstream() -> Starlette:
             for wait, text in body.get("x_script", []):
                 if wait:
                     await asyncio.sleep(wait)
-                yield text.encode()
+                if text:
+                    yield text.encode()
             if body.get("x_die"):
                 raise RuntimeError("engine died")
             wants = (body.get("stream_options") or {}).get("include_usage")

@@ -4,22 +4,13 @@ same result as the fast path."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from stagelens.instrumentation import _headers
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from stagelens import _compat, instrument_httpx_client
 from stagelens import semconv as sc
@@ -123,44 +114,18 @@ def test_composite_parts_are_readable() -> None:
     assert carrier == fallback
 
 
-def _dying_upstream() -> Starlette:
-    """Streams ``x_chunks`` events; with ``x_die_after`` it raises after that many, so
-    the server drops the connection mid-body."""
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        die_after = body.get("x_die_after")
-
-        async def events() -> AsyncIterator[bytes]:
-            for i in range(int(body["x_chunks"])):
-                if die_after is not None and i == int(die_after):
-                    raise RuntimeError("engine died")
-                yield b'data: {"choices":[{"index":0,"delta":{"content":"w"}}]}\n\n'
-                await asyncio.sleep(0.002)
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-@pytest.fixture(scope="module")
-def dying_url(port_factory: Any) -> Iterator[str]:
-    """The dying upstream on a loopback port, for this module."""
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            _dying_upstream(), host="127.0.0.1", port=port, log_level="critical", lifespan="off"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+def _dying(x_chunks: int, x_die_after: int | None = None) -> dict[str, Any]:
+    """The scripted upstream's knobs (``tests._scaffold.scripted_upstream``) for a stream
+    of ``x_chunks`` content events 2 ms apart and ``[DONE]``, no usage event; with
+    ``x_die_after`` it raises after that many, so the server drops the connection
+    mid-body."""
+    sent = x_chunks if x_die_after is None else min(x_chunks, x_die_after)
+    event = 'data: {"choices":[{"index":0,"delta":{"content":"w"}}]}\n\n'
+    return {
+        "x_script": [[0, event], [0.002, ""]] * sent,
+        "x_die": x_die_after is not None,
+        "x_no_usage": True,
+    }
 
 
 async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[bytes, Any]:
@@ -181,15 +146,15 @@ class TestHttpcoreSource:
 
     @pytest.mark.parametrize("knobs", [{}, {"x_die_after": 2}], ids=["whole", "backend-dies"])
     async def test_httpcore_source_and_fallback_give_the_same_body(
-        self, dying_url: str, knobs: dict[str, Any]
+        self, scripted_url: str, knobs: dict[str, Any]
     ) -> None:
         """Read from httpcore's stream (active on this httpx) or from httpx's own stream
         (the fallback), the app gets the same bytes and the same httpx exception."""
-        body = {"model": "tiny", "stream": True, "messages": [], "x_chunks": 6, **knobs}
+        body = {"model": "tiny", "stream": True, "messages": [], **_dying(6, **knobs)}
         results = []
         for fast in (True, False):
             with capture_telemetry() as cap:
-                results.append(await self._one(cap, dying_url, body, fast))
+                results.append(await self._one(cap, scripted_url, body, fast))
         assert results[0][0] == results[1][0]
         assert results[0][1] is results[1][1]
         assert (results[0][1] is None) == (not knobs)

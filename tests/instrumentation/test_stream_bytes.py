@@ -437,3 +437,93 @@ def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(kind: type) -> No
     assert state.inference is not None
     assert state.inference.choices == [[0, 1]]
     call.finish()
+
+
+TWIN_EVENT = st.one_of(
+    SINGLE_CHOICE_EVENT,
+    st.builds(
+        lambda t, u: {"id": "c1", "choices": [{"index": 0, "delta": {"content": t}}], "usage": u},
+        CONTENT,
+        st.just(USAGE),
+    ),
+    st.builds(lambda t: {"id": "c2", "choices": [{"index": 0, "delta": {"content": t}}]}, CONTENT),
+)
+
+
+@st.composite
+def twin_streams(draw: Any) -> bytes:
+    """What the reader's shortcuts are written for (content events of one prefix, spaced
+    or compact) mixed with everything else ``streams`` draws."""
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+    parts = []
+    for _ in range(draw(st.integers(0, 10))):
+        if draw(st.booleans()):
+            body = json.dumps(draw(TWIN_EVENT), separators=separators)
+            parts.append(f"data: {body}{draw(st.sampled_from(['', ' ']))}\n\n".encode())
+        else:
+            parts.append(draw(streams()))
+    return b"".join(parts)
+
+
+def _read_all(
+    chunks: list[bytes], *, plain: bool, asked: bool, sampled: bool, in_request: bool
+) -> tuple[Any, ...]:
+    """Everything the reader tells of ``chunks``, read by the fast reader or its plain
+    twin (every event parsed): the bytes the app reads, the outputs and their marks, the
+    first output, and what the stream's end tells (usage, finish reasons, end, failure,
+    response id)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    from prometheus_client import CollectorRegistry
+
+    from stagelens.request import RequestState
+    from stagelens.telemetry import Telemetry
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
+    state = RequestState(telemetry, telemetry.tracer.start_span("r")) if in_request else None
+    payload: dict[str, Any] = {"model": "tiny", "stream": True}
+    if not asked:
+        payload["stream_options"] = {"include_usage": True}
+    call = _sse_call(telemetry, state, payload)
+    if plain:
+        call.read_plainly()
+    out = []
+    for chunk in chunks:
+        out.append(call.on_chunk(chunk))
+        if state is not None:
+            state.token_times.append(0.0)  # the app relayed the chunk
+    out.append(call.flush())
+    call.finish()  # the stream ended: what only its end tells is read (``settle``)
+    inference = state.inference if state is not None else None
+    return (
+        b"".join(out),
+        call.outputs,
+        inference.choices if inference is not None else None,
+        inference.first_output if inference is not None else None,
+        call._usage,
+        call._finish_reasons,
+        call._ended,
+        call._failure,
+        call._response_id,
+    )
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    twin_streams(),
+    st.lists(st.integers(0, 400), max_size=8),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+)
+def test_the_reader_and_its_plain_twin_read_the_same(
+    stream: bytes, cuts: list[int], asked: bool, sampled: bool, in_request: bool
+) -> None:
+    """Any bytes, any chunking, traced or not, in a request or not: the reader with its
+    shortcuts (content events read from their bytes, the learned prefix) tells exactly
+    what its plain twin, which parses every event, tells."""
+    chunks = _chunked(stream, cuts)
+    options = {"asked": asked, "sampled": sampled, "in_request": in_request}
+    fast = _read_all(chunks, plain=False, **options)
+    assert fast == _read_all(chunks, plain=True, **options)
