@@ -15,8 +15,6 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from stagelens._plain import plain
-
 DONE: Final = b"[DONE]"
 """The payload of the stream's terminating event."""
 
@@ -25,16 +23,10 @@ Event = tuple[int, int, bytes | None]
 the data is None for an event without ``data:`` lines (a comment, a keep-alive)."""
 
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
-_SPLIT_LF: Final = not plain("split_lf")
 
 
 def data_of(block: bytes) -> bytes | None:
     """The data of one event's lines (no blank line among them), LF-separated."""
-    if (
-        _SPLIT_LF and block.startswith(b"data:") and block.find(b"\n") < 0
-    ):  # (bytes ``in`` costs more)
-        value = block[5:]  # the usual event: one data line
-        return value[1:] if value[:1] == b" " else value
     values = []
     for line in block.split(b"\n"):
         if line.startswith(b"data:"):
@@ -50,21 +42,9 @@ def split_events(data: bytes) -> tuple[list[Event], int]:
 
     Why offsets: the call removes the usage event it asked for by its exact bytes, and
     keeps an incomplete event for the next chunk; everything else reaches the app as it
-    came. A final CR is held back (a CRLF may be split across chunks).
+    came. An event spans its lines and the blank line that ends it; blank lines before an
+    event belong to no event. A final CR is held back (a CRLF may be split across chunks).
     """
-    if not _SPLIT_LF or data.find(b"\r") >= 0:  # (a find: bytes ``in`` first fails to read an int)
-        return _split_any_line_ends(data)
-    events: list[Event] = []
-    start = 0
-    find = data.find
-    while (at := find(b"\n\n", start)) >= 0:
-        events.append((start, at + 2, data_of(data[start:at].lstrip(b"\n"))))
-        start = at + 2
-    return events, start
-
-
-def _split_any_line_ends(data: bytes) -> tuple[list[Event], int]:
-    """``split_events`` for data with CR or CRLF line ends."""
     events: list[Event] = []
     start = line_start = 0
     lines: list[bytes] = []

@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections import Counter as Tally
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Final, NamedTuple, NewType, TypeVar
@@ -25,7 +25,6 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens._plain import plain
 from stagelens._series import (
     BillingSeries,
     Candidates,
@@ -139,21 +138,16 @@ _Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
-_ONE_GROUP: Final = not plain("fold_one_group")
 
 
 def _grouped(
     items: list[_Item], key: Callable[[_Item], _Key]
-) -> Iterator[tuple[_Key, list[_Item]]]:
-    """``items`` by their ``key``: each value with its items, in their order. A batch is
-    nearly always one model, one status code and one tenant: then the list itself, with
-    no copy and one pass to find the values."""
-    values = set(map(key, items))
-    if len(values) == 1 and _ONE_GROUP:
-        yield values.pop(), items
-        return
-    for value in values:
-        yield value, [item for item in items if key(item) == value]
+) -> Iterable[tuple[_Key, list[_Item]]]:
+    """``items`` by their ``key``: each value with its items, in their order."""
+    groups: dict[_Key, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups.items()
 
 
 def _check(observed: _Observed) -> None:

@@ -38,14 +38,8 @@ SHORTCUTS: Final = {
     "(instrumentation/httpx.py _source_of)",
     "send_function": "the app's sends timed by a plain function returning the server's "
     "awaitable, not a coroutine (instrumentation/asgi.py, _wrap_send)",
-    "done_event": "the terminating event alone in a chunk recognised by its bytes "
-    "(instrumentation/_events.py, EventReader._read)",
-    "split_lf": "events of a chunk without CR split on blank lines, and a one-line event's "
-    "data taken whole (instrumentation/_sse.py split_events, data_of)",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
     "one by one (stagelens/_series.py FastHistogram.observe_many)",
-    "fold_one_group": "a batch of one model, code or tenant folded without copying it "
-    "(stagelens/_instruments.py _grouped)",
 }
 """Every shortcut that has a switch, by name: what it does and where."""
 
