@@ -36,15 +36,16 @@ down on another day (the bare proxy, upstream and sink are the same for both; th
 ``REF`` is exported with ``git archive`` and put first on the proxy's ``PYTHONPATH``).
 
 The proxy asks for the usage event (``stream_options.include_usage``), as a gateway that
-bills does; the upstream, like vLLM, sends it only when asked. ``--plain NAMES`` also runs each variant of ``--plain-variants`` (default ``stagelens``)
-with shortcuts on the request path replaced by their plain twins (``stagelens._plain``), in
-the same run: ``variant~NAME`` for each comma-separated NAME, where NAME is a shortcut, a
-``+``-joined set of them, or ``all``. ``stagelens - stagelens~NAME`` (negative: what the
-shortcut saves) is the figure a shortcut is kept for: at least 1 % of bare.
-
-``--no-usage``: the proxy
+bills does; the upstream, like vLLM, sends it only when asked. ``--no-usage``: the proxy
 does not ask, so stagelens asks for it itself and removes the event from what the proxy
 reads (what that costs).
+
+``--plain NAMES`` also runs each variant of ``--plain-variants`` (default ``stagelens``)
+with shortcuts on the request path replaced by their plain twins (``stagelens._plain``), in
+the same run: ``variant~NAME`` for each comma-separated NAME, where NAME is a shortcut, a
+``+``-joined set of them, or ``all``. What ``variant~NAME`` costs more than ``variant`` is
+what the shortcut saves, printed per request and as a share of bare: a shortcut stays only
+where that is at least 1 % of bare.
 
 ``--events`` gives the content events the upstream streams per answer (then its usage event
 and ``[DONE]``). With two counts (``--events 16,1000``) each variant is counted at both,
@@ -185,14 +186,26 @@ def _per_request(
     work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int
 ) -> dict[str, float]:
     """Instructions per request of each variant: two runs, ``runs`` requests each, one
-    valgrind per core."""
+    valgrind per core.
+
+    A plain twin (``variant~NAME``) runs the larger count only: its start-up is its base
+    variant's (the same modules imported; the switch only picks, once, which of two
+    functions runs), so the base's smaller run cancels it out. Half the runs per twin."""
     small, large = runs
-    jobs = [(v, n) for v in variants for n in runs]
+
+    def start_of(v: str) -> str:
+        return v.partition("~")[0] if "~" in v and "@" not in v else v
+
+    jobs = [(v, n) for v in variants for n in runs if n == large or start_of(v) == v]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(
             zip(jobs, pool.map(lambda j: _count(work, j[0], j[1], up, sink), jobs), strict=True)
         )
-    return {v: (counts[(v, large)] - counts[(v, small)]) / (large - small) for v in variants}
+        for (v, n), count in counts.items():
+            print(f"  {v.partition('@')[0]} x {n}: {count} instructions", flush=True)
+    return {
+        v: (counts[(v, large)] - counts[(start_of(v), small)]) / (large - small) for v in variants
+    }
 
 
 def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int, int]) -> float:
