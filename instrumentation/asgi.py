@@ -36,7 +36,6 @@ from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
 from stagelens._instruments import ExemplarRef, PhaseTimes, RequestRecord
-from stagelens._plain import plain
 from stagelens.config import Settings
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -60,7 +59,6 @@ STATUS_CLIENT_CLOSED = 499
 """``code`` label for a request whose client went away before any response was sent."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
-_SEND_FUNCTION = not plain("send_function")
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -287,10 +285,10 @@ class _RequestTracker:
         if _reports_departure_by_send(self._scope):
             send = _noting_departure(send, state)
 
-        def wrapped_send(message: Message) -> Awaitable[None]:
-            # The hot path of a stream: a timestamp per chunk, no look at the bytes, and
-            # a plain function handing back the server's own awaitable (no coroutine of
-            # ours per message). TTFT and the inter-token gaps are worked out at the end.
+        async def wrapped_send(message: Message) -> None:
+            # The hot path of a stream: a timestamp per body with bytes, and no look at
+            # the bytes. Every message is passed on as it came, once, in its order; TTFT
+            # and the inter-token gaps are worked out when the request ends.
             if message.get("body"):  # a body message with bytes (only those carry "body")
                 times.append(perf_counter())
                 self._last_body = message
@@ -302,14 +300,8 @@ class _RequestTracker:
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
                         self._sse = value.startswith(b"text/event-stream")
-            return send(message)
+            await send(message)
 
-        if not _SEND_FUNCTION:
-
-            async def plain_send(message: Message) -> None:
-                await wrapped_send(message)
-
-            return plain_send
         return wrapped_send
 
     # -- end of request ----------------------------------------------------------------

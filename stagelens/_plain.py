@@ -36,8 +36,6 @@ SHORTCUTS: Final = {
     "(stagelens/_compat.py current_context_getter, span_key, suppression_keys)",
     "httpcore_stream": "the upstream body iterated from httpcore's stream "
     "(instrumentation/httpx.py _source_of)",
-    "send_function": "the app's sends timed by a plain function returning the server's "
-    "awaitable, not a coroutine (instrumentation/asgi.py, _wrap_send)",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
     "one by one (stagelens/_series.py FastHistogram.observe_many)",
 }
