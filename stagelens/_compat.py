@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
@@ -266,10 +265,6 @@ def span_key() -> str | None:
 #   when the upstream instrumentation asks a stream for its usage event (httpx has no
 #   public way to replace a built request's body). Fallback: none needed; written as
 #   ``Request.read()`` writes it.
-# - ``httpx._transports.default.AsyncResponseStream``, its ``_httpcore_stream`` and
-#   ``map_httpcore_exceptions``: the default transport's body relays httpcore's stream
-#   inside httpx's exception mapping. Fallback: the stream iterated as it is (same chunks,
-#   same exceptions, tested).
 # And of opentelemetry-api (1.45.2) and opentelemetry-instrumentation (0.66b2), used by the
 # same instrumentation (and by ``stage()`` and the middleware for suppression):
 # - ``CompositePropagator._propagators``: see ``composite_parts`` above.
@@ -323,28 +318,6 @@ def header_entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:
     if _PLAIN_HEADERS or type(entries) is not list or (entries and len(entries[0]) != 3):
         return None
     return entries
-
-
-def httpx_default_stream() -> tuple[type | None, Callable[[], AbstractContextManager[Any]]]:
-    """httpx's ``AsyncResponseStream`` (the body type of its default async transport) and
-    ``map_httpcore_exceptions``; (None, nullcontext) when an httpx moves them."""
-    if plain("httpcore_stream"):
-        return None, nullcontext
-    try:
-        from httpx._transports import default
-    except ImportError:  # pragma: no cover - depends on the installed httpx
-        return None, nullcontext
-    stream_type = getattr(default, "AsyncResponseStream", None)
-    mapping = getattr(default, "map_httpcore_exceptions", None)
-    if not isinstance(stream_type, type) or not callable(mapping):
-        return None, nullcontext  # pragma: no cover - depends on the installed httpx
-    return stream_type, mapping
-
-
-def httpcore_stream(stream: Any) -> Any:
-    """The httpcore stream an ``AsyncResponseStream`` relays; None when not readable."""
-    inner = getattr(stream, "_httpcore_stream", None)
-    return inner if hasattr(inner, "__aiter__") else None
 
 
 def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:

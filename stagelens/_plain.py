@@ -34,8 +34,6 @@ SHORTCUTS: Final = {
     "and traceparent formatted, not through the public APIs (instrumentation/_headers.py)",
     "otel_context": "the current context and span read from the API's context variable "
     "(stagelens/_compat.py current_context_getter, span_key, suppression_keys)",
-    "httpcore_stream": "the upstream body iterated from httpcore's stream "
-    "(instrumentation/httpx.py _source_of)",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
     "one by one (stagelens/_series.py FastHistogram.observe_many)",
 }

@@ -12,9 +12,9 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from stagelens.instrumentation import _headers
 
-from stagelens import _compat, instrument_httpx_client
+from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens.testing import TelemetryCapture, capture_telemetry
+from stagelens.testing import capture_telemetry
 
 
 def test_client_transports_and_mounts_are_readable() -> None:
@@ -112,87 +112,6 @@ def test_composite_parts_are_readable() -> None:
     fallback: dict[str, str] = {}
     propagate.inject(fallback, context=trace.set_span_in_context(span))
     assert carrier == fallback
-
-
-def _dying(x_chunks: int, x_die_after: int | None = None) -> dict[str, Any]:
-    """The scripted upstream's knobs (``tests._scaffold.scripted_upstream``) for a stream
-    of ``x_chunks`` content events 2 ms apart and ``[DONE]``, no usage event; with
-    ``x_die_after`` it raises after that many, so the server drops the connection
-    mid-body."""
-    sent = x_chunks if x_die_after is None else min(x_chunks, x_die_after)
-    event = 'data: {"choices":[{"index":0,"delta":{"content":"w"}}]}\n\n'
-    return {
-        "x_script": [[0, event], [0.002, ""]] * sent,
-        "x_die": x_die_after is not None,
-        "x_no_usage": True,
-    }
-
-
-async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[bytes, Any]:
-    chunks: list[bytes] = []
-    error: Any = None
-    async with client.stream("POST", url, json=body) as response:
-        try:
-            async for chunk in response.aiter_raw():
-                chunks.append(chunk)
-        except httpx.HTTPError as exc:
-            error = type(exc)
-    return b"".join(chunks), error
-
-
-@pytest.mark.anyio
-class TestHttpcoreSource:
-    """The default transport's body read from httpcore, or as it is."""
-
-    @pytest.mark.parametrize("knobs", [{}, {"x_die_after": 2}], ids=["whole", "backend-dies"])
-    async def test_httpcore_source_and_fallback_give_the_same_body(
-        self, scripted_url: str, knobs: dict[str, Any]
-    ) -> None:
-        """Read from httpcore's stream (active on this httpx) or from httpx's own stream
-        (the fallback), the app gets the same bytes and the same httpx exception."""
-        body = {"model": "tiny", "stream": True, "messages": [], **_dying(6, **knobs)}
-        results = []
-        for fast in (True, False):
-            with capture_telemetry() as cap:
-                results.append(await self._one(cap, scripted_url, body, fast))
-        assert results[0][0] == results[1][0]
-        assert results[0][1] is results[1][1]
-        assert (results[0][1] is None) == (not knobs)
-
-    async def _one(
-        self, cap: TelemetryCapture, url: str, body: dict[str, Any], fast: bool
-    ) -> tuple[bytes, Any]:
-        client = httpx.AsyncClient(base_url=url, timeout=10)
-        instrument_httpx_client(client, telemetry=cap.telemetry)
-        original = _compat.httpcore_stream
-        seen: list[Any] = []
-
-        def spy(stream: Any) -> Any:
-            found = original(stream) if fast else None
-            seen.append(found)
-            return found
-
-        with pytest.MonkeyPatch.context() as patched:
-            patched.setattr(_compat, "httpcore_stream", spy)
-            async with client:
-                result = await _read(client, "/v1/chat/completions", body)
-        assert len(seen) == 1
-        assert (seen[0] is not None) is fast  # the fast path is active on this httpx
-        return result
-
-
-def test_the_default_transports_stream_type_is_found() -> None:
-    """httpx's default-transport body type and exception mapping are where ``_compat``
-    looks (the httpcore fast path is active), and other streams have no httpcore stream."""
-    stream_type, mapping = _compat.httpx_default_stream()
-    assert stream_type is not None
-    assert stream_type.__name__ == "AsyncResponseStream"
-    assert mapping.__name__ == "map_httpcore_exceptions"
-
-    class Other(httpx.AsyncByteStream):
-        pass
-
-    assert _compat.httpcore_stream(Other()) is None
 
 
 def test_a_built_requests_body_is_replaced_everywhere_httpx_reads_it() -> None:
