@@ -32,6 +32,10 @@ from stagelens.request import InferenceFacts
 _TAIL_MAX: Final = 48 * 1024
 """An incomplete event longer than this is not waited for: the stream is passed on
 unread from there (memory stays bounded whatever the upstream sends)."""
+_NONE: Final[list[int]] = []
+_NONE_SENT: Final[list[float]] = []
+"""Placeholders, never appended to: a prefix is learned with the real lists."""
+_PREFIX: Final = not plain("reader_prefix")
 _BYTES: Final = not plain("reader_bytes")
 _OUTPUT_BYTES: Final = not plain("output_bytes")
 _perf_counter: Final = time.perf_counter
@@ -49,18 +53,21 @@ class EventReader:
         "_finish_reasons",
         "_first_output_at",
         "_inference",
+        "_into",
         "_key",
-        "_key_known",
         "_keys",
         "_last_fast",
         "_last_output_ns",
+        "_learned",
         "_marks",
         "_marks0",
         "_partial",
         "_passing",
+        "_prefix",
         "_recording",
         "_response_id",
         "_sends",
+        "_sent",
         "_strip",
         "_unmarked",
         "_usage",
@@ -119,29 +126,72 @@ class EventReader:
         (continuous usage stats) is newer than it."""
         self._finish_reasons: list[str] = []
         self._response_id: str | None = None
-        self._key_known = False
-        """A content event was read from its bytes: ``_key`` is how this stream writes it."""
+        self._prefix: bytes | None = None
+        """While the next chunk may be read from its prefix: ``_learned`` (see ``read``)."""
+        self._learned: bytes | None = None
+        """A content event's bytes up to its output value (``data:``, the JSON before the
+        value, the key and the value's opening quote), learned from the latest chunk that
+        was one whole content event of choice 0, in a request."""
+        self._into: list[int] = _NONE
+        """Choice 0's marks, once a prefix is learned (then in a request)."""
+        self._sent: list[float] = _NONE_SENT
+        """The app's sends, once a prefix is learned."""
 
     def read(self, chunk: bytes) -> bytes:
         """Read one chunk; return the bytes the app reads now. The hot path of a stream.
 
-        Shortcut (one whole content event from its bytes): nearly every chunk is one whole
-        content event. A chunk whose one data line holds the output key with a non-empty
-        string value (sound for JSON as encoders write it, see ``_sse.output_fast``) is
-        counted and marked without parsing. Its plain twin is ``read_plainly`` (every event
-        split out and parsed); the property tests in
-        tests/instrumentation/test_stream_bytes.py hold them equal.
+        Shortcut (the learned prefix): nearly every chunk is one whole content event, and
+        the events of a stream differ only from their output value on (vLLM writes the id,
+        creation time and model before it, the same in every event). A chunk that begins
+        with ``_learned`` (an earlier content event's bytes up to its value, see ``_read``)
+        is such an event, its key a key because the JSON before it is byte for byte one
+        that was found to hold it; it is counted and marked unparsed. Anything else goes to
+        ``_read``. Its plain twin is ``read_plainly`` (every event parsed); the property
+        tests in tests/instrumentation/test_stream_bytes.py hold them equal.
 
-        Invariant: a chunk is read from its bytes only when it is exactly one event: read
-        from an event's start (nothing held back), ``data:`` then one line and the blank
-        line, no CR anywhere (a CR ends an SSE line too: a chunk of two events must never
-        be read as one, nor one event as two), and only while the stream is of one choice
-        (``_fast``). Anything else is split into events and each is parsed.
+        Invariant: a chunk is taken here only when it is exactly one event: it is of exact
+        type ``bytes`` (``removeprefix`` hands back the chunk itself only then, which
+        ``is not`` tells), it starts at an event's start (nothing held back, see the end of
+        this method), its output value is not empty (not a quote), and its only line break
+        is the blank line ending it, with no CR anywhere (a CR ends an SSE line too: a chunk
+        of two events must never be read as one, nor one event as two).
+        """
+        prefix = self._prefix
+        if prefix is not None and type(chunk) is bytes:
+            rest = chunk.removeprefix(prefix)  # from the output value on
+            if rest is not chunk:
+                line = rest.removesuffix(b"\n\n")  # the event's line after the prefix
+                if (
+                    line is not rest
+                    and rest[0] != 34  # a quote: the value is empty
+                    and 10 not in line  # no other LF
+                    and 13 not in line  # no CR: it ends an SSE line too
+                ):
+                    self._into.append(len(self._sent))  # marked, so counted (``outputs``)
+                    self._last_fast = chunk
+                    if self._recording:
+                        self._last_output_ns = _time_ns()
+                    return chunk
+        out = self._read(chunk)
+        # Read from the prefix again only at an event's start, and while reading.
+        self._prefix = None if self._partial or not self._fast else self._learned
+        return out
+
+    def _read(self, chunk: bytes) -> bytes:
+        """Read a chunk that is not a content event of the learned prefix (``read``).
+
+        Shortcut (one whole content event from its bytes): a chunk whose one data line
+        holds the output key with a non-empty string value (sound for JSON as encoders
+        write it, see ``_sse.output_fast``) is counted and marked without parsing, and its
+        bytes up to the value become the prefix ``read`` matches. Invariant, as in ``read``:
+        only a chunk that is exactly one event (``data:`` at its start, then one line and
+        the blank line, no CR), read from an event's start, and only while the stream is of
+        one choice (``_fast``). Anything else is split into events and each is parsed.
         """
         if _BYTES and self._fast and not self._partial:
             key = self._key
             at = chunk.find(key, 5)
-            if at < 0 and not self._key_known:  # maybe it spaces its JSON the other way
+            if at < 0 and self._learned is None:  # maybe it spaces its JSON the other way
                 key = self._keys[1] if key is self._keys[0] else self._keys[0]
                 at = chunk.find(key, 5)
                 if at > 5:
@@ -160,12 +210,14 @@ class EventReader:
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
+                    if _PREFIX:
+                        self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
+                    self._into, self._sent = marks, sends
                 else:
                     self._unmarked += 1
                 if self._recording:
                     self._last_output_ns = _time_ns()
                 self._last_fast = chunk
-                self._key_known = True
                 return chunk
         if self._passing:
             return chunk
@@ -289,11 +341,13 @@ class EventReader:
         and every event parsed, none read from its bytes (what a stream of several choices
         always does). The twin the shortcuts are property-tested against."""
         self._fast = False
+        self._prefix = self._learned = None
 
     def stop_reading(self) -> bytes:
         """Stop reading (PASS); return the bytes held back, handed over once."""
         self._fast = False
         self._passing = True
+        self._prefix = self._learned = None
         return self.release()
 
     def release(self) -> bytes:

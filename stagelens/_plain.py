@@ -20,8 +20,10 @@ ENV: Final = "STAGELENS_PLAIN"
 """The environment variable naming the shortcuts run plain."""
 
 SHORTCUTS: Final = {
-    "reader_bytes": "a chunk that is one whole content event found without parsing it "
+    "reader_prefix": "a stream's content chunk matched by the bytes of an earlier one "
     "(instrumentation/_events.py, EventReader.read)",
+    "reader_bytes": "a chunk that is one whole content event found without parsing it "
+    "(instrumentation/_events.py, EventReader._read; it also teaches reader_prefix)",
     "output_bytes": "an output event found from its bytes (instrumentation/_sse.py "
     "output_fast, used by EventReader._read_events)",
     "series_storage": "histogram and counter children written through their value "

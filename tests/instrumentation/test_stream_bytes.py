@@ -183,10 +183,10 @@ _USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}
         # A chunk whose only LF is its last blank line, but a CR ended its first event:
         # two events, the second the usage event (once read as one content event).
         [_CONTENT + b"\r\r" + _USAGE + b"\n\n"],
-        # The same after a first content event was read from its bytes.
+        # The same after a first content event taught the chunk prefix.
         [_CONTENT + b"\n\n", _CONTENT + b"\r\r" + _USAGE + b"\n\n"],
     ],
-    ids=["first-chunk", "after-a-content-event"],
+    ids=["first-chunk", "after-the-prefix"],
 )
 def test_a_cr_ends_an_event_inside_a_chunk(chunks: list[bytes]) -> None:
     """SSE lines end at CR too: a chunk that ends with a blank line but holds a CR is not
@@ -377,9 +377,9 @@ def test_output_events_are_counted_as_parsing_each_event_counts(
 def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_event_goes_on(
     sampled: bool,
 ) -> None:
-    """A chunk that looks like a content event but whose event does not end with it (a
-    second ``data:`` line follows, in the next chunk) is parsed as the stream's reader
-    parses it: not JSON, so no output."""
+    """The chunks after the first content event are matched by its bytes up to the value;
+    one whose event does not end with it (a second ``data:`` line follows, in the next
+    chunk) is parsed as the stream's reader parses it: not JSON, so no output."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
     from prometheus_client import CollectorRegistry
@@ -398,7 +398,7 @@ def test_a_chunk_that_starts_like_the_content_events_is_read_whole_when_its_even
     call = _sse_call(telemetry, state, payload)
     chunks = [
         content("a") + b"\n\n",
-        content("b") + b"\n\n",  # read from its bytes
+        content("b") + b"\n\n",  # read from the prefix the first one taught
         content("c") + b"\nd",  # the event goes on: "data: x" is its second line
         b"ata: x\n\n",
         content("e") + b"\n\n",
@@ -416,9 +416,9 @@ class _Chunk(bytes):
 
 @pytest.mark.parametrize("kind", [_Chunk, bytearray])
 def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(kind: type) -> None:
-    """After a content event read from its bytes, a chunk of another type is read as any
-    other chunk: a usage event is no output, whatever its type (a learned-prefix match
-    once made it one, ``removeprefix`` answering a copy for such types)."""
+    """After a content event taught the prefix, a chunk of another type is read as any
+    other chunk: for such a type ``removeprefix`` answers a copy even without the prefix,
+    which would make a usage event after a learned prefix an output."""
     from prometheus_client import CollectorRegistry
 
     from stagelens.request import RequestState
