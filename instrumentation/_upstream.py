@@ -378,7 +378,7 @@ class _UpstreamCall(EventReader):
         usage: Usage | None,
         billing: str | None,
     ) -> None:
-        attributes: dict[str, Any] = {}  # set in one call: one per attribute costs ~1 k each
+        attributes: dict[str, Any] = {}  # set in one call, not one call per attribute
         if self._response_id:
             attributes[sc.GEN_AI_RESPONSE_ID] = self._response_id
         if self._response_model:

@@ -22,11 +22,13 @@ from prometheus_client.samples import Exemplar
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens._plain import plain
 from stagelens.record import ExemplarRef
 
 if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
+_BUCKET_RUNS = not plain("bucket_runs")
 _Child = Any  # prometheus_client label children are untyped in its public API
 
 
@@ -69,11 +71,12 @@ class FastHistogram:
     """One histogram child, observed through its bucket storage: a bisect and two locked
     increments instead of ``observe()``'s per-call checks and linear bucket scan.
 
-    Why: a streamed request ends with about ten observations; through ``observe()`` they
-    were a tenth of stagelens' request-path cost. The storage
-    (``_compat.histogram_storage``) works the same in multiprocess mode; when a future
-    version changes it, ``observe()`` is used instead. Equivalence with ``observe()`` is
-    tested.
+    Why: a streamed request ends with a few dozen observations (its stages and its
+    inter-token gaps). The storage (``_compat.histogram_storage``) works the same in
+    multiprocess mode; when a future version changes it, or ``STAGELENS_PLAIN`` names
+    ``series_storage``, ``observe()`` (the plain twin) is used instead. Invariant: the
+    counts, sum and exemplars left are those ``observe()`` would leave, NaN ignored
+    (tests/test_compat.py holds them equal).
     """
 
     __slots__ = ("_bounds", "_buckets", "_child", "_exemplars", "_index", "_sum")
@@ -120,9 +123,16 @@ class FastHistogram:
             if not values:
                 return
             total = sum(values)
-        # Sorted once (list.sort compares floats natively), then one run of values per
-        # touched bucket: two bisects and one increment per bucket, not a bisect through
-        # the bounds per value (~1 k instructions each on CPython 3.11).
+        if not _BUCKET_RUNS:
+            for value in values:
+                self.observe(value)
+            if exemplars:
+                self._keep_latest(exemplars)
+            return
+        # Sorted once, then one run of values per touched bucket: two bisects and one
+        # increment per bucket. Invariant: each value counted in the bucket
+        # ``bisect_left(bounds, value)`` names, as ``observe`` counts it (the plain twin
+        # above; tests/test_compat.py holds them equal).
         self._sum.inc(total)
         values = sorted(values)
         buckets = self._buckets

@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Final, TypeVar
@@ -45,16 +45,12 @@ _TENANT: Final = attrgetter("tenant")
 
 def _grouped(
     items: Sequence[_Item], key: Callable[[_Item], _Key]
-) -> Iterator[tuple[_Key, Sequence[_Item]]]:
-    """``items`` by their ``key``: each value with its items, in their order. A batch is
-    nearly always one model, one status code and one tenant: then the list itself, with
-    no copy and one pass to find the values."""
-    values = set(map(key, items))
-    if len(values) == 1:
-        yield values.pop(), items
-        return
-    for value in values:
-        yield value, [item for item in items if key(item) == value]
+) -> Iterable[tuple[_Key, list[_Item]]]:
+    """``items`` by their ``key``: each value with its items, in their order."""
+    groups: dict[_Key, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups.items()
 
 
 def _check(observed: _Observed) -> None:

@@ -35,7 +35,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from opentelemetry.trace import StatusCode
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from stagelens import instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import Served
 
 pytestmark = pytest.mark.vllm
 openai = pytest.importorskip("openai")
@@ -134,29 +134,6 @@ def reframing_app(capture: TelemetryCapture, upstream_url: str) -> FastAPI:
 
     instrument_app(app, telemetry=capture.telemetry)
     return app
-
-
-class Served:
-    """An app on a loopback port, served by uvicorn in a thread."""
-
-    def __init__(self, app: Any, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> Served:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            assert time.monotonic() < deadline, "service did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
 
 
 class SeveringProxy:

@@ -6,92 +6,28 @@ completions. Each fails on the code before issue 15."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from opentelemetry.trace import StatusCode
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from stagelens import current_request, instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import event
 
 pytestmark = pytest.mark.anyio
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
-USAGE = {"prompt_tokens": 7, "completion_tokens": 3}
 
 
 def content(text: str, index: int = 0, **extra: Any) -> dict[str, Any]:
     return {"id": "c1", "choices": [{"index": index, "delta": {"content": text}, **extra}]}
-
-
-def event(body: Any) -> str:
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
-
-
-def _scripted() -> Starlette:
-    """Answers ``x_script``: a list of [seconds to wait, text to send]; then the usage
-    event when ``stream_options.include_usage`` asks (as vLLM; not with ``x_no_usage``, as
-    vLLM after an error event), and ``[DONE]``; with
-    ``x_die`` it drops the connection instead of ending. ``x_status`` answers that status
-    with an error body instead."""
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        if body.get("x_status"):
-            error = {"error": {"message": "nope", "type": "X", "code": body["x_status"]}}
-            return JSONResponse(error, status_code=int(body["x_status"]))
-
-        async def events() -> AsyncIterator[bytes]:
-            for wait, text in body.get("x_script", []):
-                if wait:
-                    await asyncio.sleep(wait)
-                yield text.encode()
-            if body.get("x_die"):
-                raise RuntimeError("engine died")
-            wants = (body.get("stream_options") or {}).get("include_usage")
-            if wants and not body.get("x_no_usage"):
-                yield event({"id": "c1", "choices": [], "usage": USAGE}).encode()
-            yield b"data: [DONE]\n\n"
-
-        if not body.get("stream"):
-            return JSONResponse(
-                {"id": "c1", "choices": [{"message": {"content": "hi"}}], "usage": USAGE}
-            )
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-@pytest.fixture(scope="module")
-def scripted_url(port_factory: Any) -> Iterator[str]:
-    """The scripted upstream on a loopback port, for this module."""
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            _scripted(), host="127.0.0.1", port=port, log_level="critical", lifespan="off"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
 
 
 def _proxy(cap: TelemetryCapture, url: str, *, calls: int = 1) -> FastAPI:
