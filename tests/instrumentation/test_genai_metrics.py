@@ -336,7 +336,10 @@ class TestFlushAndShutdown:
         the final export and stops the pipeline, once."""
         telemetry = _gateway(upstream, genai_metrics=True)
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-flush", 0.0)
         assert self._metric_names(receiver) == set()
         assert telemetry.derive().force_flush(5000)
@@ -369,7 +372,10 @@ class TestFlushAndShutdown:
             meter_provider=provider,
         )
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-given", 0.0)
         assert semconv.OTEL_GEN_AI_SERVER_REQUEST_DURATION not in out.getvalue()
         assert telemetry.force_flush(5000)
