@@ -118,8 +118,12 @@ class RequestRecord(NamedTuple):
     genai: GenAICall | None = None
     """The upstream GenAI call, recorded only while a sink wants it (``add_sink``)."""
     exemplar: ExemplarRef | None = None
-    """The request's trace when it was sampled: its TTFT, duration and stage times may
-    become exemplars. None for a sampled-out request, which never names a trace."""
+    """The request's trace when it was sampled: its TTFT, worst inter-token gap, duration
+    and stage times may become exemplars. None for a sampled-out request, which never names
+    a trace."""
+    prompt_size: str = sc.PROMPT_SIZE_UNKNOWN
+    """The ``prompt_size`` label value (``stagelens.config.PromptSizeClasses``) of its TTFT
+    and SLI series."""
 
 
 RequestSink = Callable[[list[RequestRecord]], None]
@@ -138,6 +142,7 @@ _Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
+_PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 
 def _grouped(
@@ -210,7 +215,7 @@ class Instruments:
             Histogram(
                 sc.TIME_TO_FIRST_TOKEN,
                 "Gateway receipt to the first body carrying generated output sent to the client.",
-                [sc.LABEL_MODEL],
+                [sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE],
                 buckets=ttft_buckets(settings.ttft_slo_threshold_seconds),
                 registry=r,
             )
@@ -277,7 +282,7 @@ class Instruments:
             Counter(
                 sc.SLI_REQUESTS,
                 "Requests an SLI counts.",
-                [sc.LABEL_MODEL, sc.LABEL_SLI],
+                [sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE],
                 registry=r,
             )
         )
@@ -285,7 +290,7 @@ class Instruments:
             Counter(
                 sc.SLI_ERRORS,
                 "Requests that were bad for an SLI.",
-                [sc.LABEL_MODEL, sc.LABEL_SLI],
+                [sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE],
                 registry=r,
             )
         )
@@ -455,9 +460,9 @@ class Instruments:
             request_duration, requests = series.outcome(code)
             observed[request_duration] += [r.duration for r in mine]
             added[requests] += len(mine)
-        ttfts = [r.ttft for r in records if r.ttft is not None]
-        if ttfts:
-            observed[series.ttft()] += ttfts
+        answered = [r for r in records if r.ttft is not None]
+        for size, mine in _grouped(answered, _PROMPT_SIZE):
+            observed[series.ttft(size)] += [r.ttft for r in mine if r.ttft is not None]
         gaps = list(chain.from_iterable([r.gaps for r in records]))
         if gaps:
             observed[series.itl()] += gaps
@@ -483,7 +488,9 @@ class Instruments:
             if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
                 kept[series.outcome(record.code)[0]].append((record.duration, ref))
                 if record.ttft is not None:
-                    kept[series.ttft()].append((record.ttft, ref))
+                    kept[series.ttft(record.prompt_size)].append((record.ttft, ref))
+                if record.gaps:  # its worst gap: a stall on the heatmap leads to its trace
+                    kept[series.itl()].append((max(record.gaps), ref))
                 for name, seconds in record.stages:
                     stage_candidates[name].append((seconds, ref))
         for name, values in stages.items():
@@ -492,10 +499,12 @@ class Instruments:
             kept[series.stage(name)] += candidates
         for name, values in phases.items():
             observed[series.phase(name)] += values
-        # Counted per distinct set of verdicts: most requests of a model share one.
-        for verdicts, counted in Tally([r.verdicts for r in records]).items():
+        # Counted per distinct (class, verdicts): most requests of a model share one.
+        for (size, verdicts), counted in Tally(
+            [(r.prompt_size, r.verdicts) for r in records]
+        ).items():
             for sli, bad in verdicts:
-                requests_counted, errors = series.sli(sli)
+                requests_counted, errors = series.sli(sli, size)
                 added[requests_counted] += counted
                 # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
                 added[errors] += counted if bad else 0
