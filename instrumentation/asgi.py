@@ -178,6 +178,7 @@ class _RequestTracker:
         "_mw",
         "_pending",
         "_receive",
+        "_received",
         "_receiving",
         "_response_started",
         "_scope",
@@ -200,6 +201,8 @@ class _RequestTracker:
         """A message that look took from ``receive``, handed to the app on its next call."""
         self._receiving = False
         """The app is waiting in ``receive`` (it listens for the departure itself)."""
+        self._received = False
+        """The app has called ``receive`` (the server has answered any 100-continue)."""
 
     @property
     def _response_done(self) -> bool:
@@ -290,7 +293,7 @@ class _RequestTracker:
             if message is not None:
                 self._pending = None
             else:
-                self._receiving = True
+                self._receiving = self._received = True
                 try:
                     message = await receive()
                 finally:
@@ -322,6 +325,8 @@ class _RequestTracker:
             return
         if self._receiving or self._pending is not None:
             return
+        if not self._received and _expects_continue(self._scope):
+            return  # a server's receive would answer "100 Continue" to a body never asked for
         try:
             step = receive().__await__()
             try:
@@ -582,6 +587,14 @@ def _noting_departure(send: Send, state: RequestState) -> Send:
             raise
 
     return send_noting_departure
+
+
+def _expects_continue(scope: Scope) -> bool:
+    """The client sent ``Expect: 100-continue`` (it waits to be asked for its body)."""
+    return any(
+        key.lower() == b"expect" and value.lower() == b"100-continue"
+        for key, value in scope.get("headers", ())
+    )
 
 
 def _is_cancellation(error: BaseException) -> bool:

@@ -375,3 +375,114 @@ class TestClientGaveUp:
         # Noticed as it left (after its 0.7 s read timeout, by the client's clock no later
         # than ``waited``), not when the first token would have come (1.5 s).
         assert 0.6 < duration < min(waited + 0.1, 1.5)
+
+
+class TestLookingForTheDeparture:
+    """The look at ``receive`` before an answer is sent, with servers' own receives: it
+    finds a departed client, loses no message and never waits."""
+
+    @staticmethod
+    def _app(received: list[dict[str, Any]], *, wait: float, read_body: bool = True) -> Any:
+        """Reads its body (or not), works ``wait`` s, answers 200, then receives once more
+        (what it gets is kept in ``received``)."""
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if read_body:
+                received.append(await receive())
+            await asyncio.sleep(wait)
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"{}"})
+            received.append(await asyncio.wait_for(receive(), timeout=1))
+
+        return app
+
+    @staticmethod
+    def _scope(*headers: tuple[bytes, bytes]) -> dict[str, Any]:
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "headers": list(headers),
+            "scheme": "http",
+            "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 50000),
+        }
+
+    async def test_a_queued_departure_is_found_and_still_given_to_the_app(self) -> None:
+        """A server whose receive is a queue (as hypercorn's): the client leaves while the
+        app works; the look takes ``http.disconnect`` from the queue, the request is 499,
+        and the app's own next receive still gets that message."""
+        from stagelens.instrumentation.asgi import StageLensMiddleware
+
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await queue.put({"type": "http.request", "body": b"{}", "more_body": False})
+        received: list[dict[str, Any]] = []
+        with capture_telemetry(models=("unknown",)) as cap:
+            app = StageLensMiddleware(self._app(received, wait=0.1), telemetry=cap.telemetry)
+            asyncio.get_running_loop().call_later(
+                0.05, queue.put_nowait, {"type": "http.disconnect"}
+            )
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await app(self._scope(), queue.get, send)
+            assert [m["type"] for m in received] == ["http.request", "http.disconnect"]
+            assert cap.value(sc.REQUESTS, model="unknown", code="499") == 1
+            assert cap.value(sc.REQUESTS, model="unknown", code="200") is None
+        assert len(sent) == 2  # the answer was still passed on: the server decides
+
+    async def test_a_client_still_there_is_not_waited_for(self) -> None:
+        """The client stays: the look does not wait (the answer goes out at once), the
+        request is a 200, and a message arriving later reaches the app's own receive."""
+        from stagelens.instrumentation.asgi import StageLensMiddleware
+
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        await queue.put({"type": "http.request", "body": b"{}", "more_body": False})
+        received: list[dict[str, Any]] = []
+        with capture_telemetry(models=("unknown",)) as cap:
+            app = StageLensMiddleware(self._app(received, wait=0), telemetry=cap.telemetry)
+            asyncio.get_running_loop().call_later(
+                0.2, queue.put_nowait, {"type": "http.disconnect"}
+            )
+            started = time.perf_counter()
+            answered: list[float] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                answered.append(time.perf_counter() - started)
+
+            await app(self._scope(), queue.get, send)
+            assert answered[-1] < 0.15  # sent before the later message arrived
+            assert [m["type"] for m in received] == ["http.request", "http.disconnect"]
+            assert cap.value(sc.REQUESTS, model="unknown", code="200") == 1
+
+    async def test_a_client_waiting_to_send_its_body_is_not_asked_for_it(self) -> None:
+        """``Expect: 100-continue`` and an app that answers without reading the body: the
+        look does not call receive (a server would answer "100 Continue" to it)."""
+        from stagelens.instrumentation.asgi import StageLensMiddleware
+
+        calls: list[str] = []
+
+        async def receive() -> dict[str, Any]:
+            calls.append("receive")
+            return {"type": "http.disconnect"}
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 401, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        with capture_telemetry() as cap:
+            wrapped = StageLensMiddleware(app, telemetry=cap.telemetry)
+            await wrapped(self._scope((b"expect", b"100-continue")), receive, send)
+            assert calls == []
+            assert cap.value(sc.REQUESTS, model="unknown", code="401") == 1
+            await wrapped(self._scope(), receive, send)  # without it, the look is made
+            assert calls == ["receive"]
