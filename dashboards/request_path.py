@@ -268,8 +268,10 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                     for q in (0.5, 0.95, 0.99)
                 ],
                 threshold_lines=itl_line,
-                description=f"Gap between streamed tokens; SLO threshold on a request's mean gap "
-                f"{cfg.itl_threshold_seconds:g}s (dashed).",
+                exemplars=LATENCY_EXEMPLARS,
+                description=f"Gap between streamed tokens; p95 symptom threshold "
+                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges each request by "
+                "its worst gap (a stall); the dots are sampled requests' worst gaps.",
             )
         )
         .with_panel(
@@ -285,6 +287,7 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "ITL distribution",
                 "s",
                 f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{RATE}]))",
+                exemplars=LATENCY_EXEMPLARS,
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))

@@ -218,21 +218,22 @@ class ModelSeries:
         self.model = model
         # Series are bound when first recorded, never before: a model that only ever got
         # errors exposes no TTFT series.
-        self._ttft: FastHistogram | None = None
+        self._ttft: dict[str, FastHistogram] = {}
         self._itl: FastHistogram | None = None
         self._stages: dict[str, FastHistogram] = {}
         self._phases: dict[str, FastHistogram] = {}
         self._outcomes: dict[str, tuple[FastHistogram, FastCounter]] = {}
         self._rejections: dict[tuple[str, str], FastCounter] = {}
         self._upstream_ttft: FastHistogram | None = None
-        self._slis: dict[str, tuple[FastCounter, FastCounter]] = {}
+        self._slis: dict[tuple[str, str], tuple[FastCounter, FastCounter]] = {}
         self._unmetered: dict[str, FastCounter] = {}
 
-    def ttft(self) -> FastHistogram:
-        """``stagelens_time_to_first_token_seconds{model}``."""
-        found = self._ttft
+    def ttft(self, prompt_size: str) -> FastHistogram:
+        """``stagelens_time_to_first_token_seconds{model, prompt_size}``."""
+        found = self._ttft.get(prompt_size)
         if found is None:
-            found = self._ttft = FastHistogram(self._instruments.ttft.get(self.model))
+            found = FastHistogram(self._instruments.ttft.get(self.model, prompt_size))
+            self._ttft[prompt_size] = found
         return found
 
     def itl(self) -> FastHistogram:
@@ -288,17 +289,19 @@ class ModelSeries:
             found = self._upstream_ttft = FastHistogram(child)
         return found
 
-    def sli(self, sli: str) -> tuple[FastCounter, FastCounter]:
+    def sli(self, sli: str, prompt_size: str) -> tuple[FastCounter, FastCounter]:
         """``stagelens_sli_requests_total`` and ``stagelens_sli_errors_total`` for one
-        ``sli``; both children exist once bound, so an error ratio reads 0, not NaN."""
-        found = self._slis.get(sli)
+        ``sli`` and ``prompt_size`` class; both children exist once bound, so an error ratio
+        reads 0, not NaN."""
+        key = (sli, prompt_size)
+        found = self._slis.get(key)
         if found is None:
             instruments = self._instruments
             found = (
-                FastCounter(instruments.sli_requests.get(self.model, sli)),
-                FastCounter(instruments.sli_errors.get(self.model, sli)),
+                FastCounter(instruments.sli_requests.get(self.model, sli, prompt_size)),
+                FastCounter(instruments.sli_errors.get(self.model, sli, prompt_size)),
             )
-            self._slis[sli] = found
+            self._slis[key] = found
         return found
 
     def unmetered(self, billing: str) -> FastCounter:
