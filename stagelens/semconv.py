@@ -342,6 +342,10 @@ UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
 """Histogram {model}: from the start of the inference stage (upstream request sent)
 to the first output-bearing event received from the upstream (streamed calls only). The
 inference stage's share of the time to first token; its stage budget applies to this."""
+LABEL_PROMPT_SIZE: Final = "prompt_size"
+"""Prompt-size class of a request on the TTFT histogram and the SLI counters: the smallest
+configured bound (input tokens) at or above its input tokens, ``+Inf`` above the last,
+``unknown`` when its input tokens are not known."""
 LABEL_SLI: Final = "sli"
 """Which service level indicator a request was counted for (``availability``, ``ttft``,
 ``itl``, ``goodput``); each request's verdict is decided by the gateway at its end."""
