@@ -11,9 +11,10 @@ that trips two pairs is one page); a pair needs ``min_requests`` requests and
 nobody); a page does not resolve because traffic stopped (a pair whose short window holds no
 request is judged by its long window, which keeps the bad requests until they age out, and
 StagelensTrafficStopped pages before they do); silence is an alert of its own (traffic gone,
-SLI counters missing, a target down or vanished); causes (engine saturation, one backend down, GPU busy,
-telemetry trouble) are tickets, symptoms a user feels (SLO burn, no backend, no gateway,
-runaway spend) are pages; every aggregation keeps ``cluster`` and ``namespace``.
+SLI counters missing, a target down or vanished); causes (engine saturation, one backend
+down, GPU busy, telemetry trouble) are tickets, symptoms a user feels (SLO burn, no backend,
+no gateway, runaway spend, no traffic) are pages; every aggregation keeps ``cluster`` and
+``namespace``.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from stagelens.recording_rules import (
     GENERATED_TOKENS_RECORD,
     GPU_SM_ACTIVE_RECORD,
     STAGE_BUDGET_RECORD,
+    TTFT_THRESHOLD_RECORD,
     by,
     cost_projected_record,
     kv_hit_ratio_record,
     render_rules,
-    TTFT_THRESHOLD_RECORD,
     sli_error_ratio_record,
     sli_requests_record,
     stage_latency_record,
@@ -161,7 +162,6 @@ def class_thresholds_text(cfg: SloConfig) -> str:
 def _sli_text(cfg: SloConfig, sli: str) -> str:
     """What makes a request bad for ``sli``, for descriptions."""
     ttft = "its prompt-size class's threshold"
-    itl = f"{cfg.itl_threshold_seconds:g}s"
     return {
         sc.SLI_AVAILABILITY: "failed (5xx, 504, a stream that broke after its headers, or a "
         "client that gave up on a slow answer)",

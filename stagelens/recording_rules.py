@@ -73,6 +73,7 @@ TTFT_THRESHOLD_RECORD: Final = "stagelens:ttft_slo_threshold_seconds:configured"
 """The TTFT threshold per ``prompt_size`` class (and, without the label, the default one
 that series from a gateway without classes are judged by)."""
 
+
 def cost_rate_record(window: str) -> str:
     """Spend in USD per second per tenant over ``window``."""
     return f"stagelens:cost_usd:rate{window}"

@@ -408,7 +408,7 @@ class SloConfig(BaseModel):
         for sli in SLIS:
             budget = self.error_budget(sli)
             for w in self.windows_for(sli):
-                if w.factor * budget >= 1:
+                if w.factor * budget >= 1 - 1e-9:  # 10 x (1 - 0.9) is 0.9999999999999998
                     raise ValueError(
                         f"the {sli} SLO (objective {self.objectives[sli]:g}) can never fire "
                         f"its {w.severity} pair {w.long}/{w.short}: burn factor {w.factor:g} x "
