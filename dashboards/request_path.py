@@ -95,9 +95,10 @@ def _ttft_breakdown() -> list[tuple[str, str]]:
         (phase_means, "engine {{phase}}"),
         # Without the engine phases (vLLM without the plugin, or a gateway that does not
         # read them) the whole upstream wait is this band: scalar() of nothing is NaN,
-        # which would erase it, so the phases count as 0 there.
+        # which erased it, so the phases count as 0 there (0 x the upstream figure, which
+        # exists exactly when this band has anything to show).
         (
-            f"clamp_min(({upstream}) - scalar(sum({phase_means}) or vector(0)), 0)",
+            f"clamp_min(({upstream}) - (sum({phase_means}) or 0 * ({upstream})), 0)",
             "inference: network and vLLM frontend",
         ),
         (mean(sc.TIME_TO_FIRST_TOKEN, "", MODEL), "time to first token"),
