@@ -26,9 +26,9 @@ from stagelens.slo.config import SloConfig
 TAGS: Final = ["stagelens", "llm"]
 LATENCY_EXEMPLARS: Final = True
 """Ask for exemplars on the panels of the histograms that carry them: time to first token,
-inter-token latency, request duration and stage duration (the latest sampled request per
-bucket, its trace id linked to the tracing data source by ``exemplarTraceIdDestinations``).
-The upstream-first-token histogram carries none: its panels do not ask. Off, the generated
+request duration and stage duration (the latest sampled request per bucket, its trace id
+linked to the tracing data source by ``exemplarTraceIdDestinations``). The inter-token and
+upstream-first-token histograms carry none: their panels do not ask. Off, the generated
 JSON asks for none."""
 
 WHERE: Final = 'cluster=~"$cluster", namespace=~"$namespace"'

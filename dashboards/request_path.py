@@ -276,10 +276,8 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                     for q in (0.5, 0.95, 0.99)
                 ],
                 threshold_lines=itl_line,
-                exemplars=LATENCY_EXEMPLARS,
-                description="Gap between streamed tokens; the p95 symptom threshold "
-                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges a request by its "
-                "worst gap (a stall); the exemplars open the trace of a request behind a bucket.",
+                description=f"Gap between streamed tokens; SLO threshold on a request's mean gap "
+                f"{cfg.itl_threshold_seconds:g}s (dashed).",
             )
         )
         .with_panel(
@@ -295,7 +293,6 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "ITL distribution",
                 "s",
                 f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
-                exemplars=LATENCY_EXEMPLARS,
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))
