@@ -40,6 +40,9 @@ BEFORE_INFERENCE: Final = "|".join(
 )
 """The stages a request passes before the upstream call (a regex alternation)."""
 TTFT_PHASES: Final = f"{sc.PHASE_QUEUE}|{sc.PHASE_PREFILL}"
+CELL: Final = "$__interval"
+"""A heatmap cell's window: the step itself, so neighbouring cells never overlap (see
+``panels.HEATMAP_MIN_INTERVAL``)."""
 
 
 def stage_positions() -> str:
@@ -90,8 +93,12 @@ def _ttft_breakdown() -> list[tuple[str, str]]:
     return [
         (mean(sc.STAGE_DURATION, sc.LABEL_STAGE, before), "{{stage}}"),
         (phase_means, "engine {{phase}}"),
+        # Without the engine phases (vLLM without the plugin, or a gateway that does not
+        # read them) the whole upstream wait is this band: scalar() of nothing is NaN,
+        # which erased it, so the phases count as 0 there (0 x the upstream figure, which
+        # exists exactly when this band has anything to show).
         (
-            f"clamp_min(({upstream}) - scalar(sum({phase_means})), 0)",
+            f"clamp_min(({upstream}) - (sum({phase_means}) or 0 * ({upstream})), 0)",
             "inference: network and vLLM frontend",
         ),
         (mean(sc.TIME_TO_FIRST_TOKEN, "", MODEL), "time to first token"),
@@ -199,8 +206,9 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 [(engine_phase_quantile(0.5, sc.LABEL_PHASE, MODEL), "{{phase}}")],
                 width=8,
                 description="The engine's own timings: queue, prefill, decode (and the vLLM "
-                "frontend where the plugin runs). One source per request: the larger of the "
-                "gateway's and the plugin's view.",
+                "frontend where the plugin runs), fleet percentiles: every engine's buckets "
+                "added, then the quantile. One source per request: the vLLM plugin's where it "
+                "reports, else the gateway's.",
             )
         )
         .with_panel(
@@ -278,7 +286,7 @@ def request_path(cfg: SloConfig) -> DashboardModel:
             heatmap_panel(
                 "TTFT distribution",
                 "s",
-                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
             )
         )
@@ -286,7 +294,7 @@ def request_path(cfg: SloConfig) -> DashboardModel:
             heatmap_panel(
                 "ITL distribution",
                 "s",
-                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
             )
         )
