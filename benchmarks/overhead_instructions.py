@@ -40,6 +40,13 @@ bills does; the upstream, like vLLM, sends it only when asked. ``--no-usage``: t
 does not ask, so stagelens asks for it itself and removes the event from what the proxy
 reads (what that costs).
 
+``--plain NAMES`` also runs each variant of ``--plain-variants`` (default ``stagelens``)
+with shortcuts on the request path replaced by their plain twins (``stagelens._plain``), in
+the same run: ``variant~NAME`` for each comma-separated NAME, where NAME is a shortcut, a
+``+``-joined set of them, or ``all``. What ``variant~NAME`` costs more than ``variant`` is
+what the shortcut saves, printed per request and as a share of bare: a shortcut stays only
+where that is at least 1 % of bare.
+
 ``--events`` gives the content events the upstream streams per answer (then its usage event
 and ``[DONE]``). With two counts (``--events 16,1000``) each variant is counted at both,
 the longer streams serving ``--long-small`` and ``--long-large`` requests (as long to run),
@@ -94,6 +101,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     ``variant@TREE``: the variant on the stagelens code exported to ``TREE``."""
     port = free_port()
     variant, _, tree = variant.partition("@")
+    variant, _, plain = variant.partition("~")
     env = {
         **proxy_env(variant, upstream, sink),
         "STAGELENS_GPU_COLLECTOR": "0",
@@ -105,6 +113,8 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         # One string hash layout for every run: with random ones, counts moved by ~0.5 %.
         "PYTHONHASHSEED": "0",
     }
+    if plain:
+        env["STAGELENS_PLAIN"] = plain.replace("+", ",")  # read by stagelens._plain
     if tree:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))
     valgrind = (
@@ -115,7 +125,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     )
     proc = serve(work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE)
     try:
-        wait_up(f"http://127.0.0.1:{port}/docs", timeout=300)
+        wait_up(f"http://127.0.0.1:{port}/docs", timeout=1800)  # valgrind on a busy host
 
         async def drive() -> None:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
@@ -176,14 +186,26 @@ def _per_request(
     work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int
 ) -> dict[str, float]:
     """Instructions per request of each variant: two runs, ``runs`` requests each, one
-    valgrind per core."""
+    valgrind per core.
+
+    A plain twin (``variant~NAME``) runs the larger count only: its start-up is its base
+    variant's (the same modules imported; the switch only picks, once, which of two
+    functions runs), so the base's smaller run cancels it out. Half the runs per twin."""
     small, large = runs
-    jobs = [(v, n) for v in variants for n in runs]
+
+    def start_of(v: str) -> str:
+        return v.partition("~")[0] if "~" in v and "@" not in v else v
+
+    jobs = [(v, n) for v in variants for n in runs if n == large or start_of(v) == v]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(
             zip(jobs, pool.map(lambda j: _count(work, j[0], j[1], up, sink), jobs), strict=True)
         )
-    return {v: (counts[(v, large)] - counts[(v, small)]) / (large - small) for v in variants}
+        for (v, n), count in counts.items():
+            print(f"  {v.partition('@')[0]} x {n}: {count} instructions", flush=True)
+    return {
+        v: (counts[(v, large)] - counts[(start_of(v), small)]) / (large - small) for v in variants
+    }
 
 
 def _native_seconds_per_request(work: Path, up: int, sink: int, runs: tuple[int, int]) -> float:
@@ -219,6 +241,19 @@ def _shown(variant: str, against: str | None) -> str:
     return f"{variant.partition('@')[0]}@{against}" if "@" in variant else variant
 
 
+def _plain_savings(per_request: dict[str, float]) -> None:
+    """Per plain twin: instructions per request its shortcut saves, and that as % of bare."""
+    base = per_request.get("bare")
+    twins = [v for v in per_request if "~" in v and "@" not in v]
+    if not twins:
+        return
+    print(f"\n{'shortcut (variant~plain)':34s} {'saves/req':>10s} {'% of bare':>9s}")
+    for twin in twins:
+        saved = per_request[twin] - per_request[twin.partition("~")[0]]
+        share = f"{100 * saved / base:8.2f}%" if base else ""
+        print(f"{twin:34s} {saved:10.0f} {share}")
+
+
 def _table(per_request: dict[str, float], against: str | None) -> None:
     base = per_request.get("bare")
     for variant, n in per_request.items():
@@ -240,6 +275,12 @@ def main() -> None:
         help="also run metrics and stagelens on the stagelens code of git revision REF",
     )
     parser.add_argument(
+        "--plain",
+        metavar="NAMES",
+        help="also run --plain-variants with these shortcuts plain (see stagelens._plain)",
+    )
+    parser.add_argument("--plain-variants", default="stagelens")
+    parser.add_argument(
         "--no-usage",
         action="store_true",
         help="the proxy does not ask for usage: stagelens asks for it and strips the event",
@@ -256,6 +297,9 @@ def main() -> None:
             "--events takes one or two counts"
         )
     variants = [v for v in args.variants.split(",") if v]
+    if args.plain:
+        bases = [v for v in args.plain_variants.split(",") if v in variants]
+        variants += [f"{v}~{n}" for n in args.plain.split(",") if n for v in bases]
     sink_port = free_port()
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
     if args.against:
@@ -282,6 +326,7 @@ def main() -> None:
             print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")
             print(f"{'variant':18s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
             _table(results[n], args.against)
+            _plain_savings(results[n])
             if i == 0 and len(events) == 2 and "bare" in variants:
                 native = _native_seconds_per_request(work_n, up_port, sink_port, (200, 2000))
                 seconds_per_instruction = native / results[n]["bare"]

@@ -40,6 +40,9 @@ BEFORE_INFERENCE: Final = "|".join(
 )
 """The stages a request passes before the upstream call (a regex alternation)."""
 TTFT_PHASES: Final = f"{sc.PHASE_QUEUE}|{sc.PHASE_PREFILL}"
+CELL: Final = "$__interval"
+"""A heatmap cell's window: the step itself, so neighbouring cells never overlap (see
+``panels.HEATMAP_MIN_INTERVAL``)."""
 
 
 def stage_positions() -> str:
@@ -90,8 +93,12 @@ def _ttft_breakdown() -> list[tuple[str, str]]:
     return [
         (mean(sc.STAGE_DURATION, sc.LABEL_STAGE, before), "{{stage}}"),
         (phase_means, "engine {{phase}}"),
+        # Without the engine phases (vLLM without the plugin, or a gateway that does not
+        # read them) the whole upstream wait is this band: scalar() of nothing is NaN,
+        # which erased it, so the phases count as 0 there (0 x the upstream figure, which
+        # exists exactly when this band has anything to show).
         (
-            f"clamp_min(({upstream}) - scalar(sum({phase_means})), 0)",
+            f"clamp_min(({upstream}) - (sum({phase_means}) or 0 * ({upstream})), 0)",
             "inference: network and vLLM frontend",
         ),
         (mean(sc.TIME_TO_FIRST_TOKEN, "", MODEL), "time to first token"),
@@ -186,6 +193,8 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                     ),
                 ],
                 threshold_lines=((None, "green"), (cfg.answer_threshold_seconds, "red")),
+                # The TTFT histogram carries exemplars, the answer token's does not.
+                exemplar_refs=("A",) if LATENCY_EXEMPLARS else (),
                 description="A reasoning model streams its thinking first: its first token "
                 "comes early, the answer later. Thinking time: the mean time to first answer "
                 "token minus the mean time to first token (0 for a model that does not "
@@ -222,8 +231,9 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 [(engine_phase_quantile(0.5, sc.LABEL_PHASE, MODEL), "{{phase}}")],
                 width=8,
                 description="The engine's own timings: queue, prefill, decode (and the vLLM "
-                "frontend where the plugin runs). One source per request: the larger of the "
-                "gateway's and the plugin's view.",
+                "frontend where the plugin runs), fleet percentiles: every engine's buckets "
+                "added, then the quantile. One source per request: the vLLM plugin's where it "
+                "reports, else the gateway's.",
             )
         )
         .with_panel(
@@ -291,15 +301,17 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                     for q in (0.5, 0.95, 0.99)
                 ],
                 threshold_lines=itl_line,
-                description=f"Gap between streamed tokens; SLO threshold on a request's mean gap "
-                f"{cfg.itl_threshold_seconds:g}s (dashed).",
+                exemplars=LATENCY_EXEMPLARS,
+                description=f"Gap between streamed tokens; p95 symptom threshold "
+                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges each request by "
+                "its worst gap (a stall); the dots are sampled requests' worst gaps.",
             )
         )
         .with_panel(
             heatmap_panel(
                 "TTFT distribution",
                 "s",
-                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
             )
         )
@@ -307,7 +319,8 @@ def request_path(cfg: SloConfig) -> DashboardModel:
             heatmap_panel(
                 "ITL distribution",
                 "s",
-                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
+                exemplars=LATENCY_EXEMPLARS,
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))

@@ -1,13 +1,9 @@
 """OTLP/protobuf encoding of ``RecordedSpan`` batches, for the deferred tracer's worker.
 
 Why hand-written wire encoding: the SDK's ``encode_spans`` takes ``ReadableSpan`` objects
-and builds one protobuf object per span, attribute and value; measured for an 11-span
-request that is ~340 us (``opentelemetry-proto`` messages built directly: ~220 us), more
-than everything the request path records. Writing the protobuf wire format straight from
-the recorded fields takes ~50 us for a 10-span request (4.9 us per span; 8.6 us when each
-field was its own Python call), with the encoded bytes of span names, attribute keys and
-repeated string attributes (``stagelens.stage=tokenizer``, ``http.request.method=POST``)
-cached.
+and builds one protobuf object per span, attribute and value, which cost more than
+everything the request path records (``benchmarks/overhead.py``). Here the protobuf wire
+format is written straight from the recorded fields, a span's fields joined in one call.
 
 The output decodes to the very ``ExportTraceServiceRequest`` that ``encode_spans`` builds
 for the equivalent SDK spans (``tests/exporters/test_deferred.py`` compares them field for
@@ -29,6 +25,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, StatusCode
 
+from stagelens._plain import plain
+
 if TYPE_CHECKING:
     from stagelens.exporters.deferred import RecordedSpan
 
@@ -41,6 +39,7 @@ _FLAGS_LOCAL: Final = b"\x85\x01" + _fixed32(0x100)  # Span.flags = 16, fixed32
 _FLAGS_REMOTE: Final = b"\x85\x01" + _fixed32(0x300)
 _STATUS_UNSET: Final = b"\x7a\x00"  # Span.status = 15, an empty Status
 _CACHE_LIMIT: Final = 4096
+_CACHING: Final = not plain("otlp_caches")
 _cached_pairs: dict[tuple[str, Any, type, bytes], bytes] = {}
 
 
@@ -169,6 +168,18 @@ def _attributes(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
     return b"".join(out)
 
 
+def attributes_plain(attributes: Mapping[str, Any] | None, tag: bytes) -> bytes:
+    """``_attributes`` without its caches: each pair encoded as it comes, a value the SDK
+    would refuse skipped. The plain twin the cached encoding is property-tested against
+    (tests/exporters/test_deferred.py)."""
+    out = []
+    for key, value in (attributes or {}).items():
+        body = _value(value)
+        if body is not None:
+            out.append(_pair(key, body, tag))
+    return b"".join(out)
+
+
 def _pair(key: str, value: bytes, tag: bytes) -> bytes:
     """One ``KeyValue`` field under ``tag``: the key and the ``AnyValue`` body ``value``."""
     return _ld(tag, _ld(b"\x0a", key.encode()) + _ld(b"\x12", value))
@@ -178,7 +189,8 @@ def _remember(cache: dict[Any, bytes], key: Any, encoded: bytes) -> bytes:
     """Store ``encoded`` under ``key`` in a bounded cache (cleared when full); return it."""
     if len(cache) >= _CACHE_LIMIT:
         cache.clear()
-    cache[key] = encoded
+    if _CACHING:
+        cache[key] = encoded
     return encoded
 
 

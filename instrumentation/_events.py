@@ -28,17 +28,19 @@ from stagelens.instrumentation import _openai
 from stagelens.instrumentation._sse import Event, content_keys, is_done, output_fast, split_events
 
 from stagelens import semconv as sc
+from stagelens._plain import plain
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts
 
 _TAIL_MAX: Final = 48 * 1024
 """An incomplete event longer than this is not waited for: the stream is passed on
 unread from there (memory stays bounded whatever the upstream sends)."""
-_DONE_EVENT: Final = b"data: [DONE]\n\n"
-"""The terminating event as vLLM writes it, whole in one chunk: nothing to parse."""
 _NONE: Final[list[int]] = []
 _NONE_SENT: Final[list[float]] = []
 """Placeholders, never appended to: a prefix is learned with the real lists."""
+_PREFIX: Final = not plain("reader_prefix")
+_BYTES: Final = not plain("reader_bytes")
+_OUTPUT_BYTES: Final = not plain("output_bytes")
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
 
@@ -150,21 +152,21 @@ class EventReader:
     def read(self, chunk: bytes) -> bytes:
         """Read one chunk; return the bytes the app reads now. The hot path of a stream.
 
-        Why written out: nearly every chunk is one whole content event, ``data: {...}``
-        and a blank line, and the events of a stream differ only from their output value
-        on (vLLM writes the id, creation time and model before it, the same in every
-        event). A chunk that begins with the bytes of an earlier content event up to its
-        value (``_learned``, which holds no line break), whose value is not empty, and
-        whose only line break is the blank line ending it, is such an event: its key is a
-        key, because the JSON before it is byte for byte one that was found to hold it. It
-        is counted and marked unparsed. Anything else goes to ``_read``.
+        Shortcut (the learned prefix): nearly every chunk is one whole content event, and
+        the events of a stream differ only from their output value on (vLLM writes the id,
+        creation time and model before it, the same in every event). A chunk that begins
+        with ``_learned`` (an earlier content event's bytes up to its value, see ``_read``)
+        is such an event, its key a key because the JSON before it is byte for byte one
+        that was found to hold it; it is counted and marked unparsed. Anything else goes to
+        ``_read``. Its plain twin is ``read_plainly`` (every event parsed); the property
+        tests in tests/instrumentation/test_stream_bytes.py hold them equal.
 
-        Why ``removeprefix``/``removesuffix`` and ``in``: on CPython 3.11 ``startswith``
-        and ``find`` parse their arguments from a format string, about 1 k instructions a
-        call, more than the rest of the test; these take their one argument as it is
-        (the copies they make are the few bytes after the prefix). A chunk of exact type
-        ``bytes`` (what httpx's transports yield) is handed back itself when it lacks the
-        prefix, which ``is not`` tells; any other type goes to ``_read``.
+        Invariant: a chunk is taken here only when it is exactly one event: it is of exact
+        type ``bytes`` (``removeprefix`` hands back the chunk itself only then, which
+        ``is not`` tells), it starts at an event's start (nothing held back, see the end of
+        this method), its output value is not empty (not a quote), and its only line break
+        is the blank line ending it, with no CR anywhere (a CR ends an SSE line too: a chunk
+        of two events must never be read as one, nor one event as two).
         """
         prefix = self._prefix
         if prefix is not None and type(chunk) is bytes:
@@ -174,7 +176,7 @@ class EventReader:
                 if (
                     line is not rest
                     and rest[0] != 34  # a quote: the value is empty
-                    and 10 not in line  # no other line break (an int: a plain memchr)
+                    and 10 not in line  # no other LF
                     and 13 not in line  # no CR: it ends an SSE line too
                 ):
                     self._into.append(len(self._sent))  # marked, so counted (``outputs``)
@@ -190,11 +192,15 @@ class EventReader:
     def _read(self, chunk: bytes) -> bytes:
         """Read a chunk that is not a content event of the learned prefix (``read``).
 
-        A whole content event is still found without parsing it: one ``find`` shows its
-        output key with a non-empty string value (sound, see ``_sse.output_fast``),
-        another that it is one single-line event. Its prefix is learned then.
+        Shortcut (one whole content event from its bytes): a chunk whose one data line
+        holds the output key with a non-empty string value (sound for JSON as encoders
+        write it, see ``_sse.output_fast``) is counted and marked without parsing, and its
+        bytes up to the value become the prefix ``read`` matches. Invariant, as in ``read``:
+        only a chunk that is exactly one event (``data:`` at its start, then one line and
+        the blank line, no CR), read from an event's start, and only while the stream is of
+        one choice (``_fast``). Anything else is split into events and each is parsed.
         """
-        if self._fast and not self._partial:
+        if _BYTES and self._fast and not self._partial:
             key = self._key
             at = chunk.find(key, 5)
             if at < 0 and self._learned is None:  # maybe it spaces its JSON the other way
@@ -216,7 +222,8 @@ class EventReader:
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
-                    self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
+                    if _PREFIX:
+                        self._learned = chunk[: at + len(key)]  # read by ``read`` from the next
                     self._into, self._sent = marks, sends
                 else:
                     self._unmarked += 1
@@ -225,9 +232,6 @@ class EventReader:
                 self._last_fast = chunk
                 return chunk
         if self._passing:
-            return chunk
-        if chunk == _DONE_EVENT and not self._partial:  # the stream's end, alone in a chunk
-            self._ended = True
             return chunk
         held = self._partial if self._strip else b""
         try:
@@ -248,7 +252,12 @@ class EventReader:
         for start, stop, payload in events:
             if payload is None:
                 continue
-            if self._fast and output_fast(payload, self._key) and payload.find(b"\n") < 0:
+            if (
+                _OUTPUT_BYTES
+                and self._fast
+                and output_fast(payload, self._key)
+                and payload.find(b"\n") < 0
+            ):
                 # (One data line: lines joined are no JSON an encoder writes.)
                 if not self._answered:
                     self._first_answer(0)
@@ -363,6 +372,13 @@ class EventReader:
             self._ended = True
         if self._recording and self._response_id is None:
             self._response_id = facts.id
+
+    def read_plainly(self) -> None:
+        """Make this reader its plain twin: from now on every chunk is split into events
+        and every event parsed, none read from its bytes (what a stream of several choices
+        always does). The twin the shortcuts are property-tested against."""
+        self._fast = False
+        self._prefix = self._learned = None
 
     def stop_reading(self) -> bytes:
         """Stop reading (PASS); return the bytes held back, handed over once."""

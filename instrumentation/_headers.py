@@ -112,7 +112,7 @@ _current_context: Final = current_context
 
 def _traceparent(span_context: trace.SpanContext) -> str:
     """The ``traceparent`` value the W3C propagator writes for ``span_context``."""
-    return "00-%032x-%016x-%02x" % (  # noqa: UP031 (one call, 3 k instructions under an f-string)
+    return "00-%032x-%016x-%02x" % (  # noqa: UP031 (the W3C propagator's own format)
         span_context.trace_id,
         span_context.span_id,
         span_context.trace_flags,
@@ -175,9 +175,9 @@ def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bo
 
     Why no id for a span that is not recorded: the id is what joins the engine's side of a
     request to its trace, and an unrecorded trace has nothing to join; a random id would be
-    recorded nowhere, and each added header costs httpx and h11 about 50 k instructions per
-    request (their header validation and the cookie jar's re-reading of every header). vLLM
-    then names the request itself, as it does for any client.
+    recorded nowhere, and each added header costs httpx and h11 work on every request
+    (their header validation and the cookie jar's re-reading of every header). vLLM then
+    names the request itself, as it does for any client.
 
     With the default propagators the span context is read once, from the span itself when
     it is recorded (no context built around it) and from the current context otherwise.

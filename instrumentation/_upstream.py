@@ -394,7 +394,7 @@ class _UpstreamCall(EventReader):
     ) -> None:
         """``estimated``: the billing label, or True when only the reasoning tokens were
         counted from the events (either way the span says its usage is estimated)."""
-        attributes: dict[str, Any] = {}  # set in one call: one per attribute costs ~1 k each
+        attributes: dict[str, Any] = {}  # set in one call, not one call per attribute
         if self._response_id:
             attributes[sc.GEN_AI_RESPONSE_ID] = self._response_id
         if self._response_model:

@@ -36,7 +36,7 @@ from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens.config import Settings
+from stagelens.config import PromptSizeClasses, Settings
 from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -57,9 +57,11 @@ SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
 
 STATUS_CLIENT_CLOSED = 499
-"""``code`` label for a request whose client went away before any response was sent."""
+"""``code`` label for a request whose client went away before it received the whole answer
+(nginx's "client closed request"): never the 200 nobody received."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
+_CLIENT_CLOSED_LABEL = _CODE_LABELS[STATUS_CLIENT_CLOSED]
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -130,6 +132,8 @@ class StageLensMiddleware:
         self.response_hook = response_hook
         self.metrics_path = metrics_path
         self._excluded = frozenset(telemetry.settings.excluded_paths)
+        self.prompt_sizes = PromptSizeClasses(telemetry.settings)
+        """A request's ``prompt_size`` class and its TTFT threshold."""
         self.known_methods = known_http_methods()
         """Methods a root span may be named by; any other is ``_OTHER`` (HTTP semconv)."""
         self._metrics_app: ASGIApp | None = None
@@ -177,6 +181,10 @@ class _RequestTracker:
     __slots__ = (
         "_last_body",
         "_mw",
+        "_pending",
+        "_receive",
+        "_received",
+        "_receiving",
         "_response_started",
         "_scope",
         "_sse",
@@ -191,6 +199,15 @@ class _RequestTracker:
         self._last_body: Message | None = None
         """The latest body message sent: the response is done once one says no more."""
         self._state: RequestState | None = None
+        self._receive: Receive | None = None
+        """The app's receive, looked into before the answer is sent (``_look_for_departure``);
+        None where the server reports a departed client by a failing send (ASGI >= 2.4)."""
+        self._pending: Message | None = None
+        """A message that look took from ``receive``, handed to the app on its next call."""
+        self._receiving = False
+        """The app is waiting in ``receive`` (it listens for the departure itself)."""
+        self._received = False
+        """The app has called ``receive`` (the server has answered any 100-continue)."""
 
     @property
     def _response_done(self) -> bool:
@@ -225,6 +242,8 @@ class _RequestTracker:
             if rejection is not None:
                 await self._send_rejection(rejection, send)
             else:
+                if not _reports_departure_by_send(scope):
+                    self._receive = receive
                 await mw.app(scope, self._wrap_receive(receive), self._wrap_send(send))
         except BaseException as exc:
             error = exc
@@ -278,12 +297,62 @@ class _RequestTracker:
         assert state is not None
 
         async def wrapped_receive() -> Message:
-            message = await receive()
+            message = self._pending
+            if message is not None:
+                self._pending = None
+            else:
+                self._receiving = self._received = True
+                try:
+                    message = await receive()
+                finally:
+                    self._receiving = False
             if message["type"] == "http.disconnect" and not self._response_done:
                 state.disconnected = True
             return message
 
         return wrapped_receive
+
+    def _look_for_departure(self) -> None:
+        """Find out, without waiting, whether the client has gone, just before the answer's
+        headers or its last (empty) body are sent; mark the request disconnected if so.
+
+        Why: a server before ASGI 2.4 drops what is sent to a departed client without a
+        word (uvicorn's ``send`` returns), and a non-streamed answer is sent once, after
+        the wait the client gave up on: without a look it would be recorded as the 200
+        nobody received. Such a server's ``receive`` answers ``http.disconnect`` at once
+        when the client has gone and otherwise waits for a message: its awaitable is
+        stepped once, and closed unfinished when it would wait (the client is still
+        there). A message it gives (``http.disconnect``, or request body the app has not
+        read) is handed to the app on its next ``receive``, as if it had been waiting.
+        Skipped while the app itself waits in ``receive`` (Starlette's streamed response
+        listens for the departure): it will learn it there. A failed look changes nothing:
+        telemetry never breaks serving."""
+        receive = self._receive
+        state = self._state
+        if receive is None or state is None or state.disconnected:
+            return
+        if self._receiving or self._pending is not None:
+            return
+        if not self._received and _expects_continue(self._scope):
+            return  # a server's receive would answer "100 Continue" to a body never asked for
+        try:
+            step = receive().__await__()
+            try:
+                step.send(None)
+            except StopIteration as done:
+                message = done.value
+            else:
+                close = getattr(step, "close", None)
+                if close is not None:
+                    close()  # it would wait: the client is still there
+                return
+        except Exception:
+            self._receive = None  # a receive that cannot be looked into: never again
+            return
+        if isinstance(message, MutableMapping):
+            self._pending = message
+            if message.get("type") == "http.disconnect":
+                state.disconnected = True
 
     def _wrap_send(self, send: Send) -> Send:
         state = self._state
@@ -293,22 +362,26 @@ class _RequestTracker:
         if _reports_departure_by_send(self._scope):
             send = _noting_departure(send, state)
 
-        def wrapped_send(message: Message) -> Awaitable[None]:
-            # The hot path of a stream: a timestamp per chunk, no look at the bytes, and
-            # a plain function handing back the server's own awaitable (no coroutine of
-            # ours per message). TTFT and the inter-token gaps are worked out at the end.
+        async def wrapped_send(message: Message) -> None:
+            # The hot path of a stream: a timestamp per body with bytes, and no look at
+            # the bytes. Every message is passed on as it came, once, in its order; TTFT
+            # and the inter-token gaps are worked out when the request ends.
             if message.get("body"):  # a body message with bytes (only those carry "body")
                 times.append(perf_counter())
                 self._last_body = message
             elif message["type"] == "http.response.body":
+                if self._receive is not None and not message.get("more_body", False):
+                    self._look_for_departure()  # before a stream's empty last body
                 self._last_body = message  # an empty one: the last, usually
             elif message["type"] == "http.response.start":
+                if self._receive is not None:
+                    self._look_for_departure()  # before a non-streamed answer's headers
                 self._response_started = True
                 state.code = int(message["status"])
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
                         self._sse = value.startswith(b"text/event-stream")
-            return send(message)
+            await send(message)
 
         return wrapped_send
 
@@ -343,7 +416,10 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
-        client_gone = disconnected and not self._response_done
+        # Gone before it received the whole answer: noticed before the last body was sent
+        # (by receive, a failing send or a look before sending) or by the request being
+        # cancelled before it; recorded as 499, whatever status the app had sent.
+        client_gone = disconnected
         failure = _outcome.failed_after_headers(state, code, client_gone)
         if failure is not None and state.rejected_by is None:
             state.reject(Stage.INFERENCE)  # the stage that failed, under a 200
@@ -353,7 +429,7 @@ class _RequestTracker:
         # around a refusal does not make a made-up name served).
         served = code < 400 and (inference is None or inference.ok)
         model = telemetry.models.label(state.model_label, served=served)
-        code_label = _CODE_LABELS.get(code) or str(code)
+        code_label = _CLIENT_CLOSED_LABEL if client_gone else (_CODE_LABELS.get(code) or str(code))
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.
         first_token_at = state.first_token_at
@@ -369,6 +445,10 @@ class _RequestTracker:
         )
         duration = end - state.started_at
         settings = telemetry.settings
+        usage = state.usage or state.upstream_usage
+        prompt_size, ttft_threshold = self._mw.prompt_sizes.of(
+            usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
+        )
         try:
             phases = state.phases
             telemetry.fold.submit(
@@ -390,12 +470,14 @@ class _RequestTracker:
                         client_gone=client_gone,
                         ttft=ttft,
                         waited=duration,
-                        gaps=gaps,
-                        ttft_threshold=settings.ttft_slo_threshold_seconds,
-                        itl_threshold=settings.itl_slo_threshold_seconds,
+                        worst_gap=max(gaps) if gaps else None,
+                        ttft_threshold=ttft_threshold,
+                        stall_threshold=settings.itl_stall_threshold_seconds,
+                        client_left_bad_after=settings.client_left_bad_after_seconds,
                         ttfat=ttfat,
                         answer_threshold=settings.answer_slo_threshold_seconds,
                     ),
+                    prompt_size=prompt_size,
                     unmetered=_outcome.billing_gap(state),
                     genai=state.genai,
                     exemplar=_sampled_trace(state.root_span) if state.recording else None,
@@ -436,7 +518,7 @@ class _RequestTracker:
                 attributes[sc.ATTR_TTFAT] = ttfat
             _reasoning_attributes(state, attributes)
             root.set_attributes(attributes)
-            if disconnected and not self._response_done:
+            if disconnected:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
                 root.set_status(Status(StatusCode.ERROR, "client disconnected"))
             elif error is not None:
@@ -538,6 +620,14 @@ def _noting_departure(send: Send, state: RequestState) -> Send:
             raise
 
     return send_noting_departure
+
+
+def _expects_continue(scope: Scope) -> bool:
+    """The client sent ``Expect: 100-continue`` (it waits to be asked for its body)."""
+    return any(
+        key.lower() == b"expect" and value.lower() == b"100-continue"
+        for key, value in scope.get("headers", ())
+    )
 
 
 def _is_cancellation(error: BaseException) -> bool:

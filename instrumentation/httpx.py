@@ -27,8 +27,7 @@ headers, no usage), as opentelemetry-instrumentation-httpx does.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -48,28 +47,6 @@ __all__ = [
 ]
 
 
-_HTTPX_STREAM, _HTTPX_EXCEPTIONS = _compat.httpx_default_stream()
-
-
-def _source_of(
-    stream: httpx.AsyncByteStream,
-) -> tuple[AsyncIterable[bytes], Callable[[], AbstractContextManager[Any]]]:
-    """What to iterate for ``stream``'s chunks, and the context to iterate it in.
-
-    Why: httpx's default transport answers with an ``AsyncResponseStream`` that only relays
-    httpcore's stream inside ``map_httpcore_exceptions()``, one async generator step per
-    chunk. Iterating httpcore's stream inside that same context gives the same chunks and
-    the same exceptions one step sooner, so wrapping the body adds no step per chunk (an
-    async generator step costs about as much as the rest of the wrapper's work). Any
-    other stream, or a future httpx that changes these, is iterated as it is.
-    """
-    if _HTTPX_STREAM is not None and type(stream) is _HTTPX_STREAM:
-        inner = _compat.httpcore_stream(stream)
-        if inner is not None:
-            return inner, _HTTPX_EXCEPTIONS
-    return stream, nullcontext
-
-
 class _AsyncStream(httpx.AsyncByteStream):
     """The body of an instrumented async call: every chunk to the call, then what it
     hands over to the app (the chunk itself, but for the usage event stagelens asked)."""
@@ -81,14 +58,12 @@ class _AsyncStream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
         on_chunk = call.on_chunk
-        source, exceptions_mapped = _source_of(self._wrapped)
         failure: BaseException | None = None
         try:
-            with exceptions_mapped():
-                async for chunk in source:
-                    out = on_chunk(chunk)
-                    if out:
-                        yield out
+            async for chunk in self._wrapped:
+                out = on_chunk(chunk)
+                if out:
+                    yield out
         except GeneratorExit:
             call.closed()  # the consumer stopped iterating: see _UpstreamCall.closed
             raise

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
+
+from stagelens._plain import plain
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -75,6 +76,8 @@ def histogram_storage(child: Any) -> HistogramStorage | None:
     Private: ``_upper_bounds``, ``_buckets`` and ``_sum`` (unchanged since 0.4; the same in
     multiprocess mode, where the values are file-backed).
     """
+    if plain("series_storage"):
+        return None
     bounds = getattr(child, "_upper_bounds", None)
     buckets = getattr(child, "_buckets", None)
     total = getattr(child, "_sum", None)
@@ -114,6 +117,8 @@ def counter_storage(child: Any) -> Any | None:
 
     Private: ``_value``.
     """
+    if plain("series_storage"):
+        return None
     value = getattr(child, "_value", None)
     return value if callable(getattr(value, "inc", None)) else None
 
@@ -202,6 +207,8 @@ def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
     """
     from opentelemetry.propagators.composite import CompositePropagator
 
+    if plain("headers"):
+        return None
     if type(textmap) is not CompositePropagator:
         return None
     parts = getattr(textmap, "_propagators", None)
@@ -221,7 +228,7 @@ def current_context_getter() -> Callable[[], Context]:
     from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
 
     runtime = getattr(context, "_RUNTIME_CONTEXT", None)
-    if type(runtime) is ContextVarsRuntimeContext:
+    if type(runtime) is ContextVarsRuntimeContext and not plain("otel_context"):
         var = getattr(runtime, "_current_context", None)
         if isinstance(var, ContextVar):
             getter: Callable[[], Context] = var.get
@@ -241,7 +248,7 @@ def span_key() -> str | None:
     from opentelemetry.trace import propagation
 
     key = getattr(propagation, "_SPAN_KEY", None)
-    return key if isinstance(key, str) else None
+    return key if isinstance(key, str) and not plain("otel_context") else None
 
 
 # --- httpx / httpcore ------------------------------------------------------------------
@@ -258,10 +265,6 @@ def span_key() -> str | None:
 #   when the upstream instrumentation asks a stream for its usage event (httpx has no
 #   public way to replace a built request's body). Fallback: none needed; written as
 #   ``Request.read()`` writes it.
-# - ``httpx._transports.default.AsyncResponseStream``, its ``_httpcore_stream`` and
-#   ``map_httpcore_exceptions``: the default transport's body relays httpcore's stream
-#   inside httpx's exception mapping. Fallback: the stream iterated as it is (same chunks,
-#   same exceptions, tested).
 # And of opentelemetry-api (1.45.2) and opentelemetry-instrumentation (0.66b2), used by the
 # same instrumentation (and by ``stage()`` and the middleware for suppression):
 # - ``CompositePropagator._propagators``: see ``composite_parts`` above.
@@ -272,10 +275,12 @@ def span_key() -> str | None:
 #   ``_SUPPRESS_HTTP_INSTRUMENTATION_KEY`` and ``opentelemetry.instrumentation.utils.
 #   _SUPPRESS_INSTRUMENTATION_KEY_PLAIN``: the context keys ``suppress_instrumentation()``
 #   and ``suppress_http_instrumentation()`` set, read from one context lookup (the public
-#   ``is_instrumentation_enabled()`` makes one per key: about 1 % of a request's cost
-#   over a request's seven checks). Fallback: those public functions (same answer, tested).
+#   ``is_instrumentation_enabled()`` makes one per key, and a request checks seven
+#   times). Fallback: those public functions (same answer, tested).
 
 HTTPX_TESTED: Final = "0.28.1"
+_PLAIN_HEADERS: Final = plain("headers")
+"""``header_entries`` runs per request: the switch is read once."""
 HTTPCORE_TESTED: Final = "1.0.9"
 
 
@@ -310,29 +315,9 @@ def header_entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:
     """httpx's (raw name, lower-cased name, value) entries of ``headers``, the list itself;
     None where it is not as expected (the public API is used then)."""
     entries = getattr(headers, "_list", None)
-    if type(entries) is not list or (entries and len(entries[0]) != 3):
+    if _PLAIN_HEADERS or type(entries) is not list or (entries and len(entries[0]) != 3):
         return None
     return entries
-
-
-def httpx_default_stream() -> tuple[type | None, Callable[[], AbstractContextManager[Any]]]:
-    """httpx's ``AsyncResponseStream`` (the body type of its default async transport) and
-    ``map_httpcore_exceptions``; (None, nullcontext) when an httpx moves them."""
-    try:
-        from httpx._transports import default
-    except ImportError:  # pragma: no cover - depends on the installed httpx
-        return None, nullcontext
-    stream_type = getattr(default, "AsyncResponseStream", None)
-    mapping = getattr(default, "map_httpcore_exceptions", None)
-    if not isinstance(stream_type, type) or not callable(mapping):
-        return None, nullcontext  # pragma: no cover - depends on the installed httpx
-    return stream_type, mapping
-
-
-def httpcore_stream(stream: Any) -> Any:
-    """The httpcore stream an ``AsyncResponseStream`` relays; None when not readable."""
-    inner = getattr(stream, "_httpcore_stream", None)
-    return inner if hasattr(inner, "__aiter__") else None
 
 
 def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
@@ -344,10 +329,12 @@ def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
 
     every = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
     http = getattr(context, "_SUPPRESS_HTTP_INSTRUMENTATION_KEY", None)
-    plain = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
-    if not (isinstance(every, str) and isinstance(http, str) and isinstance(plain, str)):
+    bare = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
+    if not (isinstance(every, str) and isinstance(http, str) and isinstance(bare, str)):
         return None  # pragma: no cover - depends on the installed versions
-    return (every, plain), (every, plain, http)
+    if plain("otel_context"):
+        return None
+    return (every, bare), (every, bare, http)
 
 
 # --- fastapi -----------------------------------------------------------------------------

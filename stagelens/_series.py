@@ -22,11 +22,13 @@ from prometheus_client.samples import Exemplar
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens._plain import plain
 from stagelens.record import ExemplarRef
 
 if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
+_BUCKET_RUNS = not plain("bucket_runs")
 _Child = Any  # prometheus_client label children are untyped in its public API
 
 
@@ -69,11 +71,12 @@ class FastHistogram:
     """One histogram child, observed through its bucket storage: a bisect and two locked
     increments instead of ``observe()``'s per-call checks and linear bucket scan.
 
-    Why: a streamed request ends with about ten observations; through ``observe()`` they
-    were a tenth of stagelens' request-path cost. The storage
-    (``_compat.histogram_storage``) works the same in multiprocess mode; when a future
-    version changes it, ``observe()`` is used instead. Equivalence with ``observe()`` is
-    tested.
+    Why: a streamed request ends with a few dozen observations (its stages and its
+    inter-token gaps). The storage (``_compat.histogram_storage``) works the same in
+    multiprocess mode; when a future version changes it, or ``STAGELENS_PLAIN`` names
+    ``series_storage``, ``observe()`` (the plain twin) is used instead. Invariant: the
+    counts, sum and exemplars left are those ``observe()`` would leave, NaN ignored
+    (tests/test_compat.py holds them equal).
     """
 
     __slots__ = ("_bounds", "_buckets", "_child", "_exemplars", "_index", "_sum")
@@ -120,9 +123,16 @@ class FastHistogram:
             if not values:
                 return
             total = sum(values)
-        # Sorted once (list.sort compares floats natively), then one run of values per
-        # touched bucket: two bisects and one increment per bucket, not a bisect through
-        # the bounds per value (~1 k instructions each on CPython 3.11).
+        if not _BUCKET_RUNS:
+            for value in values:
+                self.observe(value)
+            if exemplars:
+                self._keep_latest(exemplars)
+            return
+        # Sorted once, then one run of values per touched bucket: two bisects and one
+        # increment per bucket. Invariant: each value counted in the bucket
+        # ``bisect_left(bounds, value)`` names, as ``observe`` counts it (the plain twin
+        # above; tests/test_compat.py holds them equal).
         self._sum.inc(total)
         values = sorted(values)
         buckets = self._buckets
@@ -209,7 +219,7 @@ class ModelSeries:
         self.model = model
         # Series are bound when first recorded, never before: a model that only ever got
         # errors exposes no TTFT series.
-        self._ttft: FastHistogram | None = None
+        self._ttft: dict[str, FastHistogram] = {}
         self._ttfat: FastHistogram | None = None
         self._itl: FastHistogram | None = None
         self._stages: dict[str, FastHistogram] = {}
@@ -217,14 +227,15 @@ class ModelSeries:
         self._outcomes: dict[str, tuple[FastHistogram, FastCounter]] = {}
         self._rejections: dict[tuple[str, str], FastCounter] = {}
         self._upstream_ttft: FastHistogram | None = None
-        self._slis: dict[str, tuple[FastCounter, FastCounter]] = {}
+        self._slis: dict[tuple[str, str], tuple[FastCounter, FastCounter]] = {}
         self._unmetered: dict[str, FastCounter] = {}
 
-    def ttft(self) -> FastHistogram:
-        """``stagelens_time_to_first_token_seconds{model}``."""
-        found = self._ttft
+    def ttft(self, prompt_size: str) -> FastHistogram:
+        """``stagelens_time_to_first_token_seconds{model, prompt_size}``."""
+        found = self._ttft.get(prompt_size)
         if found is None:
-            found = self._ttft = FastHistogram(self._instruments.ttft.get(self.model))
+            found = FastHistogram(self._instruments.ttft.get(self.model, prompt_size))
+            self._ttft[prompt_size] = found
         return found
 
     def ttfat(self) -> FastHistogram:
@@ -287,17 +298,19 @@ class ModelSeries:
             found = self._upstream_ttft = FastHistogram(child)
         return found
 
-    def sli(self, sli: str) -> tuple[FastCounter, FastCounter]:
+    def sli(self, sli: str, prompt_size: str) -> tuple[FastCounter, FastCounter]:
         """``stagelens_sli_requests_total`` and ``stagelens_sli_errors_total`` for one
-        ``sli``; both children exist once bound, so an error ratio reads 0, not NaN."""
-        found = self._slis.get(sli)
+        ``sli`` and ``prompt_size`` class; both children exist once bound, so an error ratio
+        reads 0, not NaN."""
+        key = (sli, prompt_size)
+        found = self._slis.get(key)
         if found is None:
             instruments = self._instruments
             found = (
-                FastCounter(instruments.sli_requests.get(self.model, sli)),
-                FastCounter(instruments.sli_errors.get(self.model, sli)),
+                FastCounter(instruments.sli_requests.get(self.model, sli, prompt_size)),
+                FastCounter(instruments.sli_errors.get(self.model, sli, prompt_size)),
             )
-            self._slis[sli] = found
+            self._slis[key] = found
         return found
 
     def unmetered(self, billing: str) -> FastCounter:

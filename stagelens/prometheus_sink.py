@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from operator import attrgetter
 from typing import Any, Final, TypeVar
@@ -41,20 +41,17 @@ _Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
+_PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 
 def _grouped(
     items: Sequence[_Item], key: Callable[[_Item], _Key]
-) -> Iterator[tuple[_Key, Sequence[_Item]]]:
-    """``items`` by their ``key``: each value with its items, in their order. A batch is
-    nearly always one model, one status code and one tenant: then the list itself, with
-    no copy and one pass to find the values."""
-    values = set(map(key, items))
-    if len(values) == 1:
-        yield values.pop(), items
-        return
-    for value in values:
-        yield value, [item for item in items if key(item) == value]
+) -> Iterable[tuple[_Key, list[_Item]]]:
+    """``items`` by their ``key``: each value with its items, in their order."""
+    groups: dict[_Key, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups.items()
 
 
 def _check(observed: _Observed) -> None:
@@ -109,8 +106,9 @@ class PrometheusSink:
 
     def _collect(self, batch: Sequence[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
         """The observations and increments of ``batch``, per bound series, and the exemplar
-        candidates of its sampled requests (their TTFT, request duration and stage times,
-        in the order the requests ended; none in multiprocess mode, whose files keep none).
+        candidates of its sampled requests (their TTFT, worst inter-token gap, request
+        duration and stage times, in the order the requests ended; none in multiprocess
+        mode, whose files keep none).
 
         Gathered per model, field by field: a batch is nearly always one model (and one
         status code, one tenant), so each field's values are one comprehension over the
@@ -137,9 +135,9 @@ class PrometheusSink:
             request_duration, requests = series.outcome(code)
             observed[request_duration] += [r.duration for r in mine]
             added[requests] += len(mine)
-        ttfts = [r.ttft for r in records if r.ttft is not None]
-        if ttfts:
-            observed[series.ttft()] += ttfts
+        answered = [r for r in records if r.ttft is not None]
+        for size, mine in _grouped(answered, _PROMPT_SIZE):
+            observed[series.ttft(size)] += [r.ttft for r in mine if r.ttft is not None]
         ttfats = [r.ttfat for r in records if r.ttfat is not None]
         if ttfats:
             observed[series.ttfat()] += ttfats
@@ -168,7 +166,9 @@ class PrometheusSink:
             if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
                 kept[series.outcome(record.code)[0]].append((record.duration, ref))
                 if record.ttft is not None:
-                    kept[series.ttft()].append((record.ttft, ref))
+                    kept[series.ttft(record.prompt_size)].append((record.ttft, ref))
+                if record.gaps:  # its worst gap: a stall on the heatmap leads to its trace
+                    kept[series.itl()].append((max(record.gaps), ref))
                 for name, seconds in record.stages:
                     stage_candidates[name].append((seconds, ref))
         for name, values in stages.items():
@@ -177,10 +177,11 @@ class PrometheusSink:
             kept[series.stage(name)] += candidates
         for name, values in phases.items():
             observed[series.phase(name)] += values
-        # Counted per distinct set of verdicts: most requests of a model share one.
-        for verdicts, counted in Tally([r.verdicts for r in records]).items():
+        # Counted per distinct (class, verdicts): most requests of a model share one.
+        classed = Tally([(r.prompt_size, r.verdicts) for r in records])
+        for (size, verdicts), counted in classed.items():
             for sli, bad in verdicts:
-                requests_counted, errors = series.sli(sli)
+                requests_counted, errors = series.sli(sli, size)
                 added[requests_counted] += counted
                 # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
                 added[errors] += counted if bad else 0

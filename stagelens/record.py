@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, NewType, Protocol
 
+from stagelens import semconv as sc
 from stagelens.genai_call import GenAICall
 
 __all__ = [
@@ -95,8 +96,12 @@ class RequestRecord(NamedTuple):
     genai: GenAICall | None = None
     """The upstream GenAI call, built only while a sink needs it (``RequestSink.needs_genai``)."""
     exemplar: ExemplarRef | None = None
-    """The request's trace when it was sampled: its TTFT, duration and stage times may
-    become exemplars. None for a sampled-out request, which never names a trace."""
+    """The request's trace when it was sampled: its TTFT, worst inter-token gap, duration
+    and stage times may become exemplars. None for a sampled-out request, which never names
+    a trace."""
+    prompt_size: str = sc.PROMPT_SIZE_UNKNOWN
+    """The ``prompt_size`` label value (``stagelens.config.PromptSizeClasses``) of its TTFT
+    and SLI series."""
     ttfat: float | None = None
     """Time to first answer token (not reasoning), seconds; answers only."""
 

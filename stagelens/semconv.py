@@ -45,7 +45,11 @@ ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
 ATTR_REQUEST_ID: Final = "stagelens.request_id"
 """The ``X-Request-Id`` sent upstream (the app's own, or the one stagelens minted)."""
 ATTR_CLIENT_DISCONNECTED: Final = "stagelens.client_disconnected"
-"""True when the client went away before the last byte was sent."""
+"""True when the client went away before it received the whole answer: noticed while the
+answer was being sent, or found gone just before it (a server that drops what is sent to
+a departed client, as uvicorn does). Such a request is recorded with ``code="499"``
+(nginx's "client closed request"), never as the 200 nobody received; the span's
+``http.response.status_code`` stays what the app sent."""
 ATTR_USAGE_ESTIMATED: Final = "stagelens.usage.estimated"
 """On the inference span: True when the call's usage was estimated from what was received
 (the stream ended before the server's usage event); see ``BILLING_ESTIMATED``."""
@@ -187,19 +191,21 @@ STAGE_DURATION: Final = "stagelens_stage_duration_seconds"
 REQUEST_DURATION: Final = "stagelens_request_duration_seconds"
 """Histogram {model, code}: gateway receipt to last byte sent."""
 TIME_TO_FIRST_TOKEN: Final = "stagelens_time_to_first_token_seconds"
-"""Histogram {model}: gateway receipt to the first body sent to the client that carries
+"""Histogram {model, prompt_size}: gateway receipt to the first body sent to the client that carries
 generated output (content text, a tool-call delta, reasoning text, a completion's text; never
 a role-only chunk, an SSE comment or keep-alive, an error or a usage-only event): the first
 body sent after the upstream's first output-bearing event arrived, however the app frames
 it. For a non-streamed answer, the whole response: the first body byte, sent once the whole
 answer arrived (its generation included; the ``ttft`` SLI counts streamed requests only).
-Only requests that made an inference call record it."""
+Only requests that made an inference call record it. ``prompt_size``: the request's
+prompt-size class (``LABEL_PROMPT_SIZE``), since prefill, and so TTFT, grows with the prompt."""
 INTER_TOKEN_LATENCY: Final = "stagelens_inter_token_latency_seconds"
 """Histogram {model}: gap between consecutive output-bearing SSE events of one choice, as
 sent to the client: one sample per event, however the network coalesced them (events read
 together give gaps of ~0). With ``n`` > 1 each choice has its own gaps: a request records
 ``n * (events per choice - 1)`` samples, never the gap between one choice's event and
-another's. Streamed requests only."""
+another's. Streamed requests only. A sampled request's worst gap is kept as its bucket's
+exemplar (trace id), so a stall on the heatmap links to its trace."""
 ENGINE_PHASE_DURATION: Final = "stagelens_engine_phase_duration_seconds"
 """Histogram {phase, model}: the engine's own per-request timings. How they relate to the
 gateway's time to first token: ``queue`` + ``prefill`` (queued to scheduled to first token,
@@ -342,31 +348,50 @@ TELEMETRY_ERRORS: Final = "stagelens_telemetry_errors_total"
 SPANS_DROPPED: Final = "stagelens_spans_dropped_total"
 """Counter {reason}: spans that could not be exported (queue full, export failed)."""
 SLI_REQUESTS: Final = "stagelens_sli_requests_total"
-"""Requests an SLI counts (labels: model, sli), recorded by the gateway at each request's end."""
+"""Requests an SLI counts (labels: model, sli, prompt_size), recorded by the gateway at each
+request's end."""
 SLI_ERRORS: Final = "stagelens_sli_errors_total"
-"""Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels: model, sli)."""  # noqa: E501
+"""Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels:
+model, sli, prompt_size)."""
 UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
 """Histogram {model}: from the start of the inference stage (upstream request sent)
 to the first output-bearing event received from the upstream (streamed calls only). The
 inference stage's share of the time to first token; its stage budget applies to this."""
+LABEL_PROMPT_SIZE: Final = "prompt_size"
+"""Prompt-size class of a request on the TTFT histogram and the SLI counters: the smallest
+configured bound (input tokens) at or above its input tokens, ``+Inf`` above the last,
+``unknown`` when its input tokens are not known."""
+PROMPT_SIZE_ABOVE: Final = "+Inf"
+"""``prompt_size`` label value: more input tokens than the last configured bound."""
+PROMPT_SIZE_UNKNOWN: Final = "unknown"
+"""``prompt_size`` label value: the request's input tokens are not known (it was answered
+before any inference call, or the call gave no usage and sent no prompt to estimate)."""
 LABEL_SLI: Final = "sli"
 """Which service level indicator a request was counted for (``availability``, ``ttft``,
 ``itl``, ``goodput``, ``answer``); each request's verdict is decided by the gateway at its
 end."""
 SLI_AVAILABILITY: Final = "availability"
 """``sli`` label value: every measured request except those whose client left before the
-answer was complete; bad when answered 5xx or when a stream failed after its 200 headers."""
+answer was complete and sooner than ``client_left_bad_after_seconds`` (a user changing their
+mind is no outage); bad when answered 5xx, when a stream failed after its 200 headers, or
+when the client left after the gateway had spent longer than that on it (a hang clients
+time out on, recorded as ``code="499"``)."""
 SLI_TTFT: Final = "ttft"
 """``sli`` label value: streamed completions not answered 4xx; bad when the time to first
-token exceeded ``ttft_slo_threshold_seconds`` or no first token came because the request
-failed (a client gone before the first token counts only if it waited past the threshold)."""
+token exceeded the threshold of the request's ``prompt_size`` class
+(``ttft_slo_thresholds_seconds``, else ``ttft_slo_threshold_seconds``) or no first token came
+because the request failed (a client gone before the first token counts only if it waited
+past the threshold)."""
 SLI_ITL: Final = "itl"
 """``sli`` label value: streamed requests with at least two output-bearing events; bad when
-their mean inter-token latency exceeded ``itl_slo_threshold_seconds`` or the stream failed
-after its first token."""
+their *worst* inter-token gap exceeded ``itl_stall_threshold_seconds`` (a stall: a mean hides
+one long freeze among many quick tokens, the user does not) or the stream failed after its
+first token."""
 SLI_GOODPUT: Final = "goodput"
 """``sli`` label value: the ``ttft`` requests; good only when both the TTFT and the ITL
-objectives were met (ITL counts as met with fewer than two output-bearing events)."""
+objectives were met and the stream was not cut after exactly one output event (failed, or
+its client gone): with one event there is no gap for the stall rule to judge, and a first
+token followed by nothing is no answer. ITL counts as met with fewer than two events."""
 UNMETERED_REQUESTS: Final = "stagelens_unmetered_requests_total"
 """Counter {model, billing}: requests with an inference call whose tokens the server's usage
 did not give: billed from what was received (``estimated``) or not billed at all

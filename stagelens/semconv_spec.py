@@ -95,7 +95,13 @@ _ENGINE_LABELS: Final = (sc.LABEL_BACKEND, sc.LABEL_MODEL)
 METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(sc.STAGE_DURATION, "histogram", "seconds", (sc.LABEL_STAGE, sc.LABEL_MODEL), _GW),
     MetricSpec(sc.REQUEST_DURATION, "histogram", "seconds", (sc.LABEL_MODEL, sc.LABEL_CODE), _GW),
-    MetricSpec(sc.TIME_TO_FIRST_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(
+        sc.TIME_TO_FIRST_TOKEN,
+        "histogram",
+        "seconds",
+        (sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
     MetricSpec(sc.TIME_TO_FIRST_ANSWER_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(sc.INTER_TOKEN_LATENCY, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
@@ -109,8 +115,20 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         sc.REJECTIONS, "counter", "requests", (sc.LABEL_STAGE, sc.LABEL_MODEL, sc.LABEL_CODE), _GW
     ),
-    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
-    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(
+        sc.SLI_REQUESTS,
+        "counter",
+        "requests",
+        (sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
+    MetricSpec(
+        sc.SLI_ERRORS,
+        "counter",
+        "requests",
+        (sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
     MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
         sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
@@ -412,6 +430,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
     "SLI_": sc.LABEL_SLI,
+    "PROMPT_SIZE_": sc.LABEL_PROMPT_SIZE,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,
     "TENANT_": sc.LABEL_TENANT,
     "MODEL_": sc.LABEL_MODEL,

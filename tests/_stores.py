@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests._scaffold import free_port
+
 REDIS_SERVER = "/usr/bin/redis-server"
 
 
@@ -31,12 +33,6 @@ def postgres_bin() -> Path | None:
         key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0,
     )
     return found[-1] if found else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -70,7 +66,7 @@ def running_postgres() -> Iterator[str]:
     if os.geteuid() == 0:
         shutil.chown(root, "postgres")
         shutil.chown(pwfile, "postgres")
-    port = _free_port()
+    port = free_port()
     try:
         subprocess.run(
             _as_postgres(
@@ -146,7 +142,7 @@ def running_redis() -> Iterator[str]:
     if not Path(REDIS_SERVER).exists():
         raise FileNotFoundError("redis-server (Debian's redis-server package) is not installed")
     root = Path(tempfile.mkdtemp(prefix="stagelens-redis-"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             REDIS_SERVER,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,17 +18,11 @@ from stagelens.reference.ledger_url import LEDGER_URL_ENV
 from stagelens.reference.vllm_server import VllmServer
 
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
+from tests._scaffold import free_port
 from tests._stores import postgres_bin, running_postgres, running_redis
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO_ROOT / ".cache" / "test-artifacts"
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def require_vllm() -> None:

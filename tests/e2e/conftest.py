@@ -3,45 +3,27 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from stagelens.reference import create_app, demo_config
 from stagelens.reference.config import DEMO_API_KEY
 
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import Served
 
 
-class RunningGateway:
+class RunningGateway(Served):
     """The reference gateway served by uvicorn on a real loopback port, in-process, with
     its telemetry captured in memory."""
 
     def __init__(self, app: Any, capture: TelemetryCapture, port: int) -> None:
+        super().__init__(app, port)
         self.app = app
         self.capture = capture
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}"
         self.api_key = DEMO_API_KEY
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> RunningGateway:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            assert time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
 
 
 def start_gateway(config: Any, port: int, **capture_options: Any) -> Iterator[RunningGateway]:

@@ -18,10 +18,8 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -31,7 +29,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +40,7 @@ from stagelens.slo.alert_rules import dump_yaml, render_alerts
 from stagelens.slo.config import BurnWindow, SloConfig
 from stagelens.slo.recording_rules import render_rules
 from tests._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
+from tests._scaffold import Served, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
@@ -63,14 +61,7 @@ VANISHED_GATEWAY_JOB = "gateway-vanished"
 pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
 
 
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Gateway:
+class Gateway(Served):
     """The instrumented gateway, served by uvicorn on a loopback port in a thread.
 
     ``admission_delay`` slows the router stage; ``fail_status`` makes the router answer every
@@ -145,26 +136,7 @@ class Gateway:
         stagelens.instrument_app(
             app, telemetry=telemetry, metrics_path="/metrics", auth_hook=tenant_of
         )
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Gateway:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+        super().__init__(app, self.port)
 
 
 PREFIX = "You are a helpful assistant that answers briefly. " * 30
@@ -291,7 +263,11 @@ VARIABLES = ("model", "tenant", "cluster", "namespace", "instance", "gpu")
 
 def concrete(expr: str) -> str:
     """A panel query with Grafana's variables replaced as Grafana would for this test."""
-    expr = expr.replace("$__rate_interval", "20s").replace("$__range", "2m")
+    expr = (
+        expr.replace("$__rate_interval", "20s")
+        .replace("$__range", "2m")
+        .replace("$__interval", "20s")
+    )
     for name in VARIABLES:
         expr = expr.replace(f"${name}", ".*")
     return expr

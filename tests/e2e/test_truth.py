@@ -35,7 +35,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from opentelemetry.trace import StatusCode
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -43,6 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from stagelens import instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import Served
 
 pytestmark = pytest.mark.vllm
 openai = pytest.importorskip("openai")
@@ -134,29 +134,6 @@ def reframing_app(capture: TelemetryCapture, upstream_url: str) -> FastAPI:
 
     instrument_app(app, telemetry=capture.telemetry)
     return app
-
-
-class Served:
-    """An app on a loopback port, served by uvicorn in a thread."""
-
-    def __init__(self, app: Any, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
-        )
-        self._thread = threading.Thread(target=self._server.run, daemon=True)
-
-    def __enter__(self) -> Served:
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            assert time.monotonic() < deadline, "service did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
 
 
 class SeveringProxy:
@@ -613,7 +590,9 @@ class TestCutStreams:
         assert 3 <= output_tokens < 200
         assert _within_estimate(prompt_tokens, _vllm_prompt_tokens(vllm_url))
         assert readings.delta.get(_key(sc.UNMETERED_REQUESTS, billing="estimated")) == 1
-        assert not readings.delta.get(_key(sc.SLI_REQUESTS, sli="availability"))
+        assert readings.delta.get(_key(sc.REQUESTS, code="499")) == 1  # never the 200
+        # Left after a few tokens, well before client_left_bad_after_seconds: not counted.
+        assert not readings.delta.get(_key(sc.SLI_REQUESTS, sli="availability", prompt_size="1024"))
 
     def test_the_backend_dying_mid_stream(self, service, port_factory) -> None:
         """The connection to the backend drops after a few events: a failure under 200,
@@ -637,7 +616,7 @@ class TestCutStreams:
             assert span.attributes[sc.ERROR_TYPE] in ("RemoteProtocolError", "ReadError")
         assert readings.root.attributes["http.response.status_code"] == 200
         assert readings.delta.get(_key(sc.REJECTIONS, code="200", stage="inference")) == 1
-        assert readings.delta.get(_key(sc.SLI_ERRORS, sli="availability")) == 1
+        assert readings.delta.get(_key(sc.SLI_ERRORS, sli="availability", prompt_size="1024")) == 1
         assert readings.inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
         _, output_tokens = readings.usage()
         assert output_tokens >= sum(map(len, seen.outputs.values()))

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import context, trace
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -422,3 +425,36 @@ def test_attributes_are_bounded_like_the_sdks(memory) -> None:
     span.set_attribute("a2", "late")
     assert attributes["a1"] == 1
     assert attributes["a2"] == 2
+
+
+ATTRIBUTE_VALUES = (
+    st.text(max_size=3)
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.booleans()
+    | st.floats(allow_nan=False)
+    | st.none()
+    | st.binary(max_size=3)
+    | st.lists(st.integers(0, 3) | st.text(max_size=2) | st.none(), max_size=3)
+    | st.tuples(st.lists(st.integers(), max_size=2))
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["a", "b", "stage", "ø"]), ATTRIBUTE_VALUES), max_size=4
+    ),
+    st.sampled_from([b"\x4a", b"\x1a", b"\x0a"]),
+)
+def test_cached_attribute_encoding_equals_its_plain_twin(
+    batches: list[dict[str, Any]], tag: bytes
+) -> None:
+    """Any attributes, encoded one set after another (the caches warm, ``True`` beside
+    ``1``, a key under several tags): the cached encoding writes the bytes its plain twin,
+    which encodes every pair, writes."""
+    from stagelens.exporters import otlp_encode
+
+    for attributes in batches:
+        plain = otlp_encode.attributes_plain(attributes, tag)
+        assert otlp_encode._attributes(attributes, tag) == plain
+        assert otlp_encode._attributes(attributes, tag) == plain  # from the caches

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -14,7 +13,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stagelens.exporters import configure, enable_gpu_metrics
 from stagelens.exporters import nvml as nvml_mod
 from stagelens.exporters.nvml_read import NVML_MODULE_ENV
-from stagelens.exporters.nvml_sampler import GpuReader
 
 from stagelens import semconv
 from tests.exporters import fake_nvml
@@ -24,22 +22,12 @@ FAKE = "tests.exporters.fake_nvml"
 
 
 @pytest.fixture(autouse=True)
-def _close_readers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Stop every background sampler a test started, so none outlives it."""
-    made: list[GpuReader] = []
-    original = GpuReader.__init__
-
-    def init(self: GpuReader, *args: Any, **kwargs: Any) -> None:
-        made.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GpuReader, "__init__", init)
+def _one_fake_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fake GPU, and no switch from the environment (the readers a test makes are
+    closed by the exporters' conftest)."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.delenv(nvml_mod.ENABLE_ENV, raising=False)
     fake_nvml.configure([FakeGpu(uuid="GPU-a")])
-    yield
-    for reader in made:
-        reader.close()
 
 
 def _configure(**kwargs: Any) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,22 +22,6 @@ GPU_ATTRS = {
     "hw.vendor": "NVIDIA",
     "hw.type": "gpu",
 }
-
-
-@pytest.fixture(autouse=True)
-def _close_readers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Stop every background sampler a test started, so none outlives it."""
-    made: list[GpuReader] = []
-    original = GpuReader.__init__
-
-    def init(self: GpuReader, *args: Any, **kwargs: Any) -> None:
-        made.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GpuReader, "__init__", init)
-    yield
-    for reader in made:
-        reader.close()
 
 
 def _collect(reader: InMemoryMetricReader) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -33,22 +32,6 @@ from tests.exporters.fake_nvml import FakeGpu
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 LABELS0 = (("gpu", "0"), ("name", "NVIDIA H100 80GB HBM3"), ("uuid", "GPU-a"))
 LOGGER = LOGGER_NAME
-
-
-@pytest.fixture(autouse=True)
-def _close_readers(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Stop every background sampler a test started, so none outlives it."""
-    made: list[GpuReader] = []
-    original = GpuReader.__init__
-
-    def init(self: GpuReader, *args: Any, **kwargs: Any) -> None:
-        made.append(self)
-        original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GpuReader, "__init__", init)
-    yield
-    for reader in made:
-        reader.close()
 
 
 class Clock:

@@ -9,7 +9,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from tests.conftest import free_port
+from tests._scaffold import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

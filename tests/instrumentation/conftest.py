@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 from stagelens import Stage, instrument_app, instrument_httpx_client, stage
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import Served, scripted_upstream
 
 ENGINE_METRICS = {
     "time_to_first_token_ms": 12.0,
@@ -172,25 +173,18 @@ def gateway_client(app: FastAPI, raise_app_exceptions: bool = True) -> httpx.Asy
 def upstream(port_factory: Any) -> Iterator[Starlette]:
     """The local upstream, served by uvicorn on a free loopback port for the session
     (a real socket, so streamed chunks arrive one by one)."""
-    import threading
-    import time
-
-    import uvicorn
-
     app = make_upstream()
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    app.state.url = f"http://127.0.0.1:{port}"
-    yield app
-    server.should_exit = True
-    thread.join(timeout=5)
+    with Served(app, port_factory(), lifespan="off") as served:
+        app.state.url = served.url
+        yield app
+
+
+@pytest.fixture(scope="session")
+def scripted_url() -> Iterator[str]:
+    """The scripted upstream (``tests._scaffold.scripted_upstream``) on a loopback port,
+    for the session."""
+    with Served(scripted_upstream(), lifespan="off", log_level="critical") as served:
+        yield served.url
 
 
 @pytest.fixture

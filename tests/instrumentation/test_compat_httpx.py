@@ -4,26 +4,17 @@ same result as the fast path."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry import propagate, trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from stagelens.instrumentation import _headers
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
-from stagelens import _compat, instrument_httpx_client
+from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens.testing import TelemetryCapture, capture_telemetry
+from stagelens.testing import capture_telemetry
 
 
 def test_client_transports_and_mounts_are_readable() -> None:
@@ -121,113 +112,6 @@ def test_composite_parts_are_readable() -> None:
     fallback: dict[str, str] = {}
     propagate.inject(fallback, context=trace.set_span_in_context(span))
     assert carrier == fallback
-
-
-def _dying_upstream() -> Starlette:
-    """Streams ``x_chunks`` events; with ``x_die_after`` it raises after that many, so
-    the server drops the connection mid-body."""
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        die_after = body.get("x_die_after")
-
-        async def events() -> AsyncIterator[bytes]:
-            for i in range(int(body["x_chunks"])):
-                if die_after is not None and i == int(die_after):
-                    raise RuntimeError("engine died")
-                yield b'data: {"choices":[{"index":0,"delta":{"content":"w"}}]}\n\n'
-                await asyncio.sleep(0.002)
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-@pytest.fixture(scope="module")
-def dying_url(port_factory: Any) -> Iterator[str]:
-    """The dying upstream on a loopback port, for this module."""
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            _dying_upstream(), host="127.0.0.1", port=port, log_level="critical", lifespan="off"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
-
-
-async def _read(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> tuple[bytes, Any]:
-    chunks: list[bytes] = []
-    error: Any = None
-    async with client.stream("POST", url, json=body) as response:
-        try:
-            async for chunk in response.aiter_raw():
-                chunks.append(chunk)
-        except httpx.HTTPError as exc:
-            error = type(exc)
-    return b"".join(chunks), error
-
-
-@pytest.mark.anyio
-class TestHttpcoreSource:
-    """The default transport's body read from httpcore, or as it is."""
-
-    @pytest.mark.parametrize("knobs", [{}, {"x_die_after": 2}], ids=["whole", "backend-dies"])
-    async def test_httpcore_source_and_fallback_give_the_same_body(
-        self, dying_url: str, knobs: dict[str, Any]
-    ) -> None:
-        """Read from httpcore's stream (active on this httpx) or from httpx's own stream
-        (the fallback), the app gets the same bytes and the same httpx exception."""
-        body = {"model": "tiny", "stream": True, "messages": [], "x_chunks": 6, **knobs}
-        results = []
-        for fast in (True, False):
-            with capture_telemetry() as cap:
-                results.append(await self._one(cap, dying_url, body, fast))
-        assert results[0][0] == results[1][0]
-        assert results[0][1] is results[1][1]
-        assert (results[0][1] is None) == (not knobs)
-
-    async def _one(
-        self, cap: TelemetryCapture, url: str, body: dict[str, Any], fast: bool
-    ) -> tuple[bytes, Any]:
-        client = httpx.AsyncClient(base_url=url, timeout=10)
-        instrument_httpx_client(client, telemetry=cap.telemetry)
-        original = _compat.httpcore_stream
-        seen: list[Any] = []
-
-        def spy(stream: Any) -> Any:
-            found = original(stream) if fast else None
-            seen.append(found)
-            return found
-
-        with pytest.MonkeyPatch.context() as patched:
-            patched.setattr(_compat, "httpcore_stream", spy)
-            async with client:
-                result = await _read(client, "/v1/chat/completions", body)
-        assert len(seen) == 1
-        assert (seen[0] is not None) is fast  # the fast path is active on this httpx
-        return result
-
-
-def test_the_default_transports_stream_type_is_found() -> None:
-    """httpx's default-transport body type and exception mapping are where ``_compat``
-    looks (the httpcore fast path is active), and other streams have no httpcore stream."""
-    stream_type, mapping = _compat.httpx_default_stream()
-    assert stream_type is not None
-    assert stream_type.__name__ == "AsyncResponseStream"
-    assert mapping.__name__ == "map_httpcore_exceptions"
-
-    class Other(httpx.AsyncByteStream):
-        pass
-
-    assert _compat.httpcore_stream(Other()) is None
 
 
 def test_a_built_requests_body_is_replaced_everywhere_httpx_reads_it() -> None:

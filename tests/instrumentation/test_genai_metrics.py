@@ -13,16 +13,13 @@ from __future__ import annotations
 import io
 import json
 import math
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
@@ -49,6 +46,7 @@ from stagelens.genai_call import GenAICall
 from stagelens.record import BillingRecord, RequestRecord, StageTimes
 from stagelens.telemetry import Telemetry
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
+from tests._scaffold import Served
 
 CHUNKS = 16
 """Content chunks per streamed answer: one token each, as the upstream's usage says."""
@@ -76,24 +74,6 @@ ADVICE = {
         67108864,
     ],
 }  # fmt: skip
-
-
-@contextmanager
-def _serving(app: Any, port: int) -> Iterator[str]:
-    """``app`` on a real loopback socket, served by uvicorn in a thread."""
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=5)
 
 
 def _points(receiver: OtlpReceiver) -> dict[str, list[tuple[dict[str, Any], Any, str]]]:
@@ -186,7 +166,10 @@ class TestOverOtlp:
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
         delays = {"m0": 0.02, "m1": 0.06, "m2": 0.12}
         seen: dict[str, _Timed] = {}
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             for model, first_delay in delays.items():
                 seen[model] = _stream(client, model, first_delay)
             plain = client.post("/v1/chat/completions", json={"model": "m-plain"})
@@ -258,7 +241,10 @@ class TestOverOtlp:
         histogram holding the request's one observation (and no explicit buckets)."""
         telemetry = _gateway(upstream, genai_metrics=True, genai_metrics_exponential=True)
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             timed = _stream(client, "m-exp", 0.02)
         _export(telemetry)  # the server has stopped: every request's end was recorded
         points = _points(receiver)
@@ -279,7 +265,10 @@ class TestOverOtlp:
         monkeypatch.setenv(semconv.SEMCONV_STABILITY_OPT_IN_ENV, "http, gen_ai_latest_experimental")
         telemetry = _gateway(upstream, genai_metrics=True)
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-new", 0.0)
         _export(telemetry)  # the server has stopped: every request's end was recorded
         points = _points(receiver)
@@ -303,7 +292,10 @@ class TestOverOtlp:
         submit = telemetry.fold.submit
         monkeypatch.setattr(telemetry.fold, "submit", lambda r: (submitted.append(r), submit(r)))
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-off", 0.0)
         telemetry.fold.fold()
         assert created == []
@@ -344,7 +336,10 @@ class TestFlushAndShutdown:
         the final export and stops the pipeline, once."""
         telemetry = _gateway(upstream, genai_metrics=True)
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-flush", 0.0)
         assert self._metric_names(receiver) == set()
         assert telemetry.derive().force_flush(5000)
@@ -377,7 +372,10 @@ class TestFlushAndShutdown:
             meter_provider=provider,
         )
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
-        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+        with (
+            Served(app, port_factory(), lifespan="off") as served,
+            httpx.Client(base_url=served.url) as client,
+        ):
             _stream(client, "m-given", 0.0)
         assert semconv.OTEL_GEN_AI_SERVER_REQUEST_DURATION not in out.getvalue()
         assert telemetry.force_flush(5000)

@@ -8,21 +8,12 @@ Why a server of its own: it writes JSON the way ``json.dumps`` does by default (
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
-import time
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from opentelemetry.trace import StatusCode
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
 from stagelens import instrument_httpx_client
 from stagelens import semconv as sc
@@ -38,67 +29,46 @@ USAGE = {
 METRICS = {"queue_time_ms": 1.0, "time_to_first_token_ms": 5.0, "generation_time_ms": 9.0}
 
 
-def _spaced_upstream() -> Starlette:
-    """Streams ``x_chunks`` content chunks in ``json.dumps`` default spacing, then (unless
-    ``x_no_final``, and when ``stream_options.include_usage`` asks, as vLLM does) the usage
-    chunk and, after ``x_done_delay`` s, ``[DONE]``; with
-    ``x_die_after`` it raises after that many chunks, so the server drops the connection;
-    ``x_sleep`` s between content chunks (default 5 ms)."""
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        n = int(body.get("x_chunks", 6))
-        die_after = body.get("x_die_after")
-
-        async def events() -> AsyncIterator[bytes]:
-            for i in range(n):
-                if die_after is not None and i == int(die_after):
-                    raise RuntimeError("engine died")
-                last = i == n - 1 and not body.get("x_no_final")
-                chunk = {
-                    "id": "chatcmpl-spaced",
-                    "model": body["model"],
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {"content": f"w{i} "},
-                            "finish_reason": "length" if last else None,
-                        }
-                    ],
+def _spaced(
+    *,
+    x_chunks: int = 6,
+    x_die_after: int | None = None,
+    x_no_final: bool = False,
+    x_sleep: float = 0.005,
+    x_done_delay: float = 0.0,
+) -> dict[str, Any]:
+    """The scripted upstream's knobs (``tests._scaffold.scripted_upstream``) for a stream of
+    ``x_chunks`` content chunks in ``json.dumps`` default spacing, ``x_sleep`` s apart,
+    then (unless ``x_no_final``, and when ``stream_options.include_usage`` asks, as vLLM
+    does) the usage chunk and, after ``x_done_delay`` s, ``[DONE]``; with ``x_die_after``
+    it raises after that many chunks, so the server drops the connection."""
+    script: list[list[Any]] = []
+    for i in range(x_chunks):
+        if x_die_after is not None and i == x_die_after:
+            break
+        last = i == x_chunks - 1 and not x_no_final
+        chunk = {
+            "id": "chatcmpl-spaced",
+            "model": "tiny",
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": f"w{i} "},
+                    "finish_reason": "length" if last else None,
                 }
-                yield f"data: {json.dumps(chunk)}\n\n".encode()
-                await asyncio.sleep(float(body.get("x_sleep", 0.005)))
-            if body.get("x_no_final") or not (body.get("stream_options") or {}).get(
-                "include_usage"
-            ):
-                return
-            final = {"id": "chatcmpl-spaced", "choices": [], "usage": USAGE, "metrics": METRICS}
-            yield f"data: {json.dumps(final)}\n\n".encode()
-            await asyncio.sleep(float(body.get("x_done_delay", 0.0)))
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
-
-
-@pytest.fixture(scope="module")
-def spaced_url(port_factory: Any) -> Iterator[str]:
-    """The spaced upstream served by uvicorn on a loopback port for this module."""
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            _spaced_upstream(), host="127.0.0.1", port=port, log_level="error", lifespan="off"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+            ],
+        }
+        script += [[0, f"data: {json.dumps(chunk)}\n\n"], [x_sleep, ""]]
+    final = {"id": "chatcmpl-spaced", "choices": [], "usage": USAGE, "metrics": METRICS}
+    return {
+        "x_script": script,
+        "x_die": x_die_after is not None,
+        "x_no_usage": x_no_final,
+        "x_usage_event": final,
+        "x_spaced_usage": True,
+        "x_done_delay": x_done_delay,
+        "x_no_done": x_no_final,
+    }
 
 
 async def _stream(
@@ -114,7 +84,9 @@ async def _stream(
     None when ``sampled`` is False)."""
     client = httpx.AsyncClient(base_url=url, timeout=10)
     instrument_httpx_client(client, telemetry=cap.telemetry)
-    body = {"model": "tiny", "stream": True, "messages": [], **knobs}
+    script = _spaced(**{k: v for k, v in knobs.items() if k.startswith("x_")})
+    rest = {k: v for k, v in knobs.items() if not k.startswith("x_")}
+    body = {"model": "tiny", "stream": True, "messages": [], **rest, **script}
     seen = b""
     async with client, client.stream("POST", "/v1/chat/completions", json=body) as r:
         try:
@@ -133,10 +105,10 @@ class TestSpacedJson:
     """``json.dumps`` default spacing parses like vLLM's compact JSON."""
 
     async def test_usage_finish_reason_and_engine_phases_from_spaced_events(
-        self, cap, spaced_url
+        self, cap, scripted_url
     ) -> None:
         """Usage, finish reason and engine phases are read from ``"usage": {`` events."""
-        seen, span = await _stream(cap, spaced_url)
+        seen, span = await _stream(cap, scripted_url)
         assert b'"content": "' in seen  # the upstream really spaced its JSON
         assert b'"usage"' not in seen  # stagelens asked for the usage event, and removed it
         attrs = span.attributes
@@ -154,7 +126,7 @@ class TestSpacedJson:
 
 
 @pytest.mark.parametrize("sampled", [True, False], ids=["traced", "sampled-out"])
-async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: bool) -> None:
+async def test_a_long_stream_read_through_the_client(cap, scripted_url, sampled: bool) -> None:
     """Through a real client and socket, a stream several times the kept tail still yields
     its usage and engine timings at the end, traced or sampled out."""
     from opentelemetry.sdk.trace import TracerProvider
@@ -171,7 +143,7 @@ async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: b
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         telemetry = Telemetry(tracer_provider=provider, registry=cap.registry)
         cap = TelemetryCapture(telemetry, exporter)
-    seen, span = await _stream(cap, spaced_url, sampled=sampled, x_chunks=1500, x_sleep=0)
+    seen, span = await _stream(cap, scripted_url, sampled=sampled, x_chunks=1500, x_sleep=0)
     assert len(seen) > 3 * _TAIL_MAX
     assert seen.endswith(b"data: [DONE]\n\n")
     decode = cap.value(sc.ENGINE_PHASE_DURATION + "_sum", phase="decode", model="tiny")
@@ -187,19 +159,19 @@ async def test_a_long_stream_read_through_the_client(cap, spaced_url, sampled: b
 class TestStreamEndings:
     """How a stream ended decides whether the inference span is an error."""
 
-    async def test_closed_at_done_without_draining_is_a_success(self, cap, spaced_url) -> None:
+    async def test_closed_at_done_without_draining_is_a_success(self, cap, scripted_url) -> None:
         """A relay that stops reading at ``data: [DONE]`` and closes leaves no error."""
-        seen, span = await _stream(cap, spaced_url, stop_when=b"data: [DONE]")
+        seen, span = await _stream(cap, scripted_url, stop_when=b"data: [DONE]")
         assert seen.endswith(b"data: [DONE]\n\n")
         assert span.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in span.attributes
         assert sc.ATTR_STREAM_CLOSED_EARLY not in span.attributes
 
-    async def test_closed_after_the_usage_chunk_is_a_success(self, cap, spaced_url) -> None:
+    async def test_closed_after_the_usage_chunk_is_a_success(self, cap, scripted_url) -> None:
         """Closing after the usage chunk, before a late ``[DONE]``, is a normal end."""
         seen, span = await _stream(
             cap,
-            spaced_url,
+            scripted_url,
             stop_when=b'"usage": {',
             x_done_delay=0.5,
             stream_options={"include_usage": True},  # the app asked: it reads the event
@@ -209,41 +181,39 @@ class TestStreamEndings:
         assert sc.ERROR_TYPE not in span.attributes
         assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 6
 
-    async def test_cut_by_the_caller_is_recorded_not_an_error(self, cap, spaced_url) -> None:
+    async def test_cut_by_the_caller_is_recorded_not_an_error(self, cap, scripted_url) -> None:
         """A deliberate cut mid-content (stop sequence, safety) is ``closed_early``, no error."""
-        seen, span = await _stream(cap, spaced_url, stop_when=b"w2 ", x_chunks=40)
+        seen, span = await _stream(cap, scripted_url, stop_when=b"w2 ", x_chunks=40)
         assert b"w39" not in seen
         assert span.attributes[sc.ATTR_STREAM_CLOSED_EARLY] is True
         assert span.status.status_code is StatusCode.UNSET
         assert sc.ERROR_TYPE not in span.attributes
 
-    async def test_backend_dying_mid_stream_is_an_error(self, cap, spaced_url) -> None:
+    async def test_backend_dying_mid_stream_is_an_error(self, cap, scripted_url) -> None:
         """The server dropping the connection mid-stream ends the span in error."""
-        _, span = await _stream(cap, spaced_url, x_chunks=20, x_die_after=3)
+        _, span = await _stream(cap, scripted_url, x_chunks=20, x_die_after=3)
         assert span.status.status_code is StatusCode.ERROR
         assert span.attributes[sc.ERROR_TYPE] == "RemoteProtocolError"
 
-    async def test_stream_ending_without_a_last_event_is_an_error(self, cap, spaced_url) -> None:
+    async def test_stream_ending_without_a_last_event_is_an_error(self, cap, scripted_url) -> None:
         """A body that ends with neither finish reason, usage nor [DONE] is incomplete."""
-        _, span = await _stream(cap, spaced_url, x_chunks=3, x_no_final=True)
+        _, span = await _stream(cap, scripted_url, x_chunks=3, x_no_final=True)
         assert span.status.status_code is StatusCode.ERROR
         assert span.attributes[sc.ERROR_TYPE] == "incomplete_stream"
 
 
-async def test_the_default_transports_stream_is_read_from_httpcore(cap, spaced_url) -> None:
-    """Behind httpx's default transport the wrapper reads httpcore's stream itself, in
-    httpx's exception mapping: the same chunks, and a backend dying still surfaces as
-    httpx's exception (never httpcore's) to the caller and on the span."""
-    from stagelens.instrumentation.httpx import _AsyncStream, _source_of
+async def test_a_backend_dying_surfaces_as_httpxs_exception(cap, scripted_url) -> None:
+    """Behind httpx's default transport, a backend dying mid-body surfaces as httpx's
+    exception (never httpcore's) to the caller and on the span, after the same chunks."""
+    from stagelens.instrumentation.httpx import _AsyncStream
 
-    client = httpx.AsyncClient(base_url=spaced_url, timeout=10)
+    client = httpx.AsyncClient(base_url=scripted_url, timeout=10)
     instrument_httpx_client(client, telemetry=cap.telemetry)
-    body = {"model": "tiny", "stream": True, "messages": [], "x_chunks": 20, "x_die_after": 3}
+    knobs = _spaced(x_chunks=20, x_die_after=3)
+    body = {"model": "tiny", "stream": True, "messages": [], **knobs}
     async with client, client.stream("POST", "/v1/chat/completions", json=body) as r:
         ours = r.stream._stream  # httpx binds the transport's stream to the response
         assert isinstance(ours, _AsyncStream)
-        inner = ours._wrapped
-        assert _source_of(inner)[0] is inner._httpcore_stream
         seen: list[bytes] = []
         with pytest.raises(httpx.RemoteProtocolError):
             await _read_into(seen, r)
@@ -258,16 +228,6 @@ async def test_the_default_transports_stream_is_read_from_httpcore(cap, spaced_u
 async def _read_into(seen: list[bytes], response: httpx.Response) -> None:
     async for chunk in response.aiter_raw():
         seen.append(chunk)
-
-
-def test_other_streams_are_read_as_they_are() -> None:
-    from stagelens.instrumentation.httpx import _source_of
-
-    stream = httpx.ByteStream(b"data: [DONE]\n\n")
-    source, context = _source_of(stream)
-    assert source is stream
-    with context():
-        pass
 
 
 def _vllm_like_stream(

@@ -184,73 +184,34 @@ class TestBilling:
         assert inference.status.status_code is StatusCode.UNSET
 
 
-def _scripted_upstream() -> Any:
-    """An upstream that streams the events a request names in ``x_events``
-    (``[choice index, text, finish reason]`` each), then vLLM's usage event; or, not
-    streamed, one answer with a choice per index (their texts joined)."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
-    from starlette.routing import Route
-
-    usage = {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        script = body["x_events"]
-        if not body.get("stream"):
-            texts: dict[int, str] = {}
-            for index, text, _ in script:
-                texts[index] = texts.get(index, "") + text
-            choices = [
-                {
-                    "index": i,
-                    "message": {"role": "assistant", "content": t},
-                    "finish_reason": "length",
-                }
-                for i, t in sorted(texts.items())
-            ]
-            return JSONResponse(
-                {"id": "x", "object": "chat.completion", "choices": choices, "usage": usage}
-            )
-
-        async def events() -> Any:
-            for index, text, finish in script:
-                event = {
-                    "id": "x",
-                    "object": "chat.completion.chunk",
-                    "choices": [
-                        {"index": index, "delta": {"content": text}, "finish_reason": finish}
-                    ],
-                }
-                yield f"data: {json.dumps(event)}\n\n".encode()
-            yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage})}\n\n".encode()
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+_USAGE = {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
 
 
-@pytest.fixture(scope="module")
-def scripted(port_factory: Any) -> Any:
-    """The scripted upstream on a loopback port for this module."""
-    import threading
-    import time
-
-    import uvicorn
-
-    port = port_factory()
-    server = uvicorn.Server(
-        uvicorn.Config(_scripted_upstream(), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=5)
+def _script(events: list[list[Any]]) -> dict[str, Any]:
+    """The scripted upstream's knobs (``tests._scaffold.scripted_upstream``) for ``events``
+    (``[choice index, text, finish reason]`` each): streamed, those events in
+    ``json.dumps`` spacing, then vLLM's usage event; not streamed, one answer with a choice
+    per index (their texts joined)."""
+    lines = []
+    texts: dict[int, str] = {}
+    for index, text, finish in events:
+        texts[index] = texts.get(index, "") + text
+        event = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "choices": [{"index": index, "delta": {"content": text}, "finish_reason": finish}],
+        }
+        lines.append([0, f"data: {json.dumps(event)}\n\n"])
+    choices = [
+        {"index": i, "message": {"role": "assistant", "content": t}, "finish_reason": "length"}
+        for i, t in sorted(texts.items())
+    ]
+    return {
+        "x_script": lines,
+        "x_usage_event": {"id": "x", "choices": [], "usage": _USAGE},
+        "x_spaced_usage": True,
+        "x_answer": {"id": "x", "object": "chat.completion", "choices": choices, "usage": _USAGE},
+    }
 
 
 def _choices_of(text: str) -> dict[int, tuple[str, str | None]]:
@@ -270,26 +231,26 @@ def _choices_of(text: str) -> dict[int, tuple[str, str | None]]:
 class TestChoices:
     """Stop sequences and the safety check apply per choice (``n`` > 1)."""
 
-    async def test_stop_string_across_two_choices_ends_neither(self, gateway, scripted) -> None:
+    async def test_stop_string_across_two_choices_ends_neither(self, gateway, scripted_url) -> None:
         """A stop string that ends one choice's text and starts the other's is in neither
         choice: both are relayed whole, each with its own finish reason."""
         script = [[0, "ab", None], [1, "cd", None], [0, "e", "length"], [1, "f", "length"]]
-        async with gateway([scripted]) as (_, client):
+        async with gateway([scripted_url]) as (_, client):
             r = await client.post(
-                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="bc", x_events=script)
+                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="bc", **_script(script))
             )
         assert _choices_of(r.text) == {0: ("abe", "length"), 1: ("cdf", "length")}
 
-    async def test_a_stop_in_one_choice_ends_only_that_one(self, gateway, scripted) -> None:
+    async def test_a_stop_in_one_choice_ends_only_that_one(self, gateway, scripted_url) -> None:
         """A stop string inside choice 0 ends choice 0 there (``stop``); choice 1 goes on
         to its own end; and so on a whole answer."""
         script = [[0, "a ", None], [1, "b X", None], [0, "XYz", "length"], [1, "w", "length"]]
-        async with gateway([scripted]) as (_, client):
+        async with gateway([scripted_url]) as (_, client):
             streamed = await client.post(
-                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="XY", x_events=script)
+                "/v1/chat/completions", json=_chat(stream=True, n=2, stop="XY", **_script(script))
             )
             whole = await client.post(
-                "/v1/chat/completions", json=_chat(n=2, stop="XY", x_events=script)
+                "/v1/chat/completions", json=_chat(n=2, stop="XY", **_script(script))
             )
         assert _choices_of(streamed.text) == {0: ("a ", "stop"), 1: ("b Xw", "length")}
         answer = {
@@ -346,35 +307,35 @@ class TestLedger:
         ids=["stream-with-usage", "stream", "whole"],
     )
     async def test_usage_is_committed_before_the_client_is_sent_it(
-        self, gateway, scripted, extra, marker
+        self, gateway, scripted_url, extra, marker
     ) -> None:
         """The commit comes before the chunk with the usage (a stream whose client asked
         for it, or a whole answer), or before the final event (a stream without it)."""
         log: list[tuple[str, Any]] = []
-        async with gateway([scripted]) as (app, _):
+        async with gateway([scripted_url]) as (app, _):
             app.state.gateway.ledger = _CommitLog(app.state.gateway.ledger, log)
             client = httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=_noting_sends(app, log)),
                 base_url="http://gw",
                 headers=HEADERS,
             )
-            r = await client.post("/v1/chat/completions", json=_chat(x_events=SCRIPT, **extra))
+            r = await client.post("/v1/chat/completions", json=_chat(**_script(SCRIPT), **extra))
         assert r.status_code == 200
         sent = next(i for i, (kind, x) in enumerate(log) if kind == "body" and marker in x)
         assert log.index(("commit", 6)) < sent, log
 
     async def test_an_unwritable_ledger_serves_requests_and_counts_the_failure(
-        self, cap, gateway, scripted, tmp_path
+        self, cap, gateway, scripted_url, tmp_path
     ) -> None:
         """A ledger file that cannot be created: answers byte for byte what a working
         ledger gives, tokens still counted, each failed commit counted under
         ``component="ledger"``; ``GET /v1/usage`` answers 503 ``ledger_error``."""
         blocker = tmp_path / "a-file"
         blocker.write_text("")
-        bodies = [_chat(x_events=SCRIPT), _chat(x_events=SCRIPT, stream=True)]
-        async with gateway([scripted]) as (_, client):
+        bodies = [_chat(**_script(SCRIPT)), _chat(**_script(SCRIPT), stream=True)]
+        async with gateway([scripted_url]) as (_, client):
             working = [await client.post("/v1/chat/completions", json=b) for b in bodies]
-        async with gateway([scripted], ledger_url=f"sqlite://{blocker}/ledger.sqlite3") as (
+        async with gateway([scripted_url], ledger_url=f"sqlite://{blocker}/ledger.sqlite3") as (
             _,
             client,
         ):
@@ -391,7 +352,7 @@ class TestLedger:
 class TestStages:
     """What the gateway times as which stage."""
 
-    async def test_per_event_work_is_postprocess_time(self, cap, gateway, scripted) -> None:
+    async def test_per_event_work_is_postprocess_time(self, cap, gateway, scripted_url) -> None:
         """The safety check run on each of 10 events (2 ms each here) is in the request's
         postprocess stage time."""
         import time
@@ -401,9 +362,11 @@ class TestStages:
             return True
 
         script = [[0, f"t{i} ", None] for i in range(9)] + [[0, "end", "length"]]
-        async with gateway([scripted]) as (app, client):
+        async with gateway([scripted_url]) as (app, client):
             app.state.gateway.safety = slow_safety
-            r = await client.post("/v1/chat/completions", json=_chat(stream=True, x_events=script))
+            r = await client.post(
+                "/v1/chat/completions", json=_chat(stream=True, **_script(script))
+            )
         assert r.status_code == 200
         name = sc.STAGE_DURATION
         assert cap.value(name + "_count", stage="postprocess", model="tiny") == 1

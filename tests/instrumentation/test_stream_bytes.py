@@ -49,13 +49,14 @@ LINE_ENDS = st.sampled_from(["\n", "\r\n", "\r"])
 
 
 @st.composite
-def streams(draw: Any) -> bytes:
+def streams(draw: Any, raw: bool = True) -> bytes:
     """An SSE body: well-formed events of any JSON shape, [DONE], comments, not-JSON
-    data, raw bytes, any line ends, maybe cut anywhere."""
+    data, raw bytes, any line ends, maybe cut anywhere (not ``raw``: whole events only,
+    each with JSON data or none)."""
     parts = []
     for _ in range(draw(st.integers(0, 8))):
         end = draw(LINE_ENDS)
-        kind = draw(st.integers(0, 5))
+        kind = draw(st.integers(0, 5 if raw else 3))
         if kind <= 2:
             value = json.dumps(
                 draw(EVENT_JSON), separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))
@@ -437,3 +438,133 @@ def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(kind: type) -> No
     assert state.inference is not None
     assert state.inference.choices == [[0, 1]]
     call.finish()
+
+
+@st.composite
+def one_choice_streams(draw: Any) -> bytes:
+    """One choice's stream as OpenAI-compatible servers write it: content events of one
+    id, the finish reason on the last only, the running usage on every one or none (vLLM's
+    continuous usage stats), spaced or compact, between anything else ``streams`` draws
+    but other content events (keep-alives, not-JSON, role and tool-call events, the usage
+    event, [DONE], raw bytes)."""
+    separators = draw(st.sampled_from([(",", ":"), (", ", ": ")]))
+    running = draw(st.booleans())
+    texts = draw(st.lists(CONTENT, max_size=8))
+    finish = draw(st.sampled_from([None, "stop", "length"]))
+    parts = []
+    for i, text in enumerate(texts):
+        if draw(st.booleans()):
+            parts.append(
+                draw(
+                    st.sampled_from(
+                        [
+                            b": ping\n\n",
+                            b"data: {not json\n\n",
+                            b'data: {"choices":[{"index":0,"delta":{"role":"assistant"}}]}\n\n',
+                            b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{}]}}]}\n\n',
+                        ]
+                    )
+                )
+            )
+        choice: dict[str, Any] = {"index": 0, "delta": {"content": text}}
+        choice["finish_reason"] = finish if i == len(texts) - 1 else None
+        body: dict[str, Any] = {"id": "c1", "choices": [choice]}
+        if running:
+            body["usage"] = {"prompt_tokens": 3, "completion_tokens": i + 1}
+        space = draw(st.sampled_from(["", " "]))
+        parts.append(f"data:{space}{json.dumps(body, separators=separators)}\n\n".encode())
+    if draw(st.booleans()):
+        parts.append(f"data: {json.dumps({'choices': [], 'usage': USAGE})}\n\n".encode())
+    if draw(st.booleans()):
+        parts.append(b"data: [DONE]\n\n")
+    return b"".join(parts)
+
+
+def _read_all(
+    chunks: list[bytes], *, plain: bool, asked: bool, sampled: bool, in_request: bool
+) -> tuple[Any, ...]:
+    """Everything the reader tells of ``chunks``, read by the fast reader or its plain
+    twin (every event parsed): the bytes the app reads, the outputs, their marks and the
+    first output; then what the stream's end tells (usage, finish reasons, end, failure,
+    response id)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON
+    from prometheus_client import CollectorRegistry
+
+    from stagelens.request import RequestState
+    from stagelens.telemetry import Telemetry
+
+    provider = TracerProvider(sampler=ALWAYS_ON if sampled else ALWAYS_OFF)
+    telemetry = Telemetry(tracer_provider=provider, registry=CollectorRegistry())
+    state = RequestState(telemetry, telemetry.tracer.start_span("r")) if in_request else None
+    payload: dict[str, Any] = {"model": "tiny", "stream": True}
+    if not asked:
+        payload["stream_options"] = {"include_usage": True}
+    call = _sse_call(telemetry, state, payload)
+    if plain:
+        call.read_plainly()
+    out = []
+    for chunk in chunks:
+        out.append(call.on_chunk(chunk))
+        if state is not None:
+            state.token_times.append(0.0)  # the app relayed the chunk
+    out.append(call.flush())
+    call.finish()  # the stream ended: what only its end tells is read (``settle``)
+    inference = state.inference if state is not None else None
+    return (
+        b"".join(out),
+        call.outputs,
+        inference.choices if inference is not None else None,
+        inference.first_output if inference is not None else None,
+        call._usage,
+        call._finish_reasons,
+        call._ended,
+        call._failure,
+        call._response_id,
+    )
+
+
+TWIN_OPTIONS = (st.booleans(), st.booleans(), st.booleans())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams(), st.lists(st.integers(0, 400), max_size=8), *TWIN_OPTIONS)
+def test_the_reader_and_its_plain_twin_pass_the_same_bytes(
+    stream: bytes, cuts: list[int], asked: bool, sampled: bool, in_request: bool
+) -> None:
+    """Any bytes, any chunking, traced or not, in a request or not: the reader with its
+    shortcuts hands the app the same bytes as its plain twin, which parses every event."""
+    chunks = _chunked(stream, cuts)
+    options = {"asked": asked, "sampled": sampled, "in_request": in_request}
+    assert (
+        _read_all(chunks, plain=False, **options)[0] == _read_all(chunks, plain=True, **options)[0]
+    )
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams(raw=False), st.lists(st.integers(0, 400), max_size=8), *TWIN_OPTIONS)
+def test_the_reader_and_its_plain_twin_count_the_same_outputs(
+    stream: bytes, cuts: list[int], asked: bool, sampled: bool, in_request: bool
+) -> None:
+    """Events of any JSON shape (the data an encoder writes: the shortcuts find an output
+    key from the bytes, which is sound for JSON only), any line ends, any chunking: the
+    reader counts and marks the same outputs, and the same first output, as its plain
+    twin."""
+    chunks = _chunked(stream, cuts)
+    options = {"asked": asked, "sampled": sampled, "in_request": in_request}
+    fast = _read_all(chunks, plain=False, **options)
+    assert fast[:4] == _read_all(chunks, plain=True, **options)[:4]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(one_choice_streams(), st.lists(st.integers(0, 400), max_size=8), *TWIN_OPTIONS)
+def test_the_reader_and_its_plain_twin_read_the_same_from_one_choices_stream(
+    stream: bytes, cuts: list[int], asked: bool, sampled: bool, in_request: bool
+) -> None:
+    """One choice's stream as servers write it (``one_choice_streams``), however chunked:
+    the reader tells everything its plain twin tells, the facts a content event carries
+    beyond its output included (usage, finish reason, response id: the shortcuts read
+    them from the latest content event when the stream ends)."""
+    chunks = _chunked(stream, cuts)
+    options = {"asked": asked, "sampled": sampled, "in_request": in_request}
+    assert _read_all(chunks, plain=False, **options) == _read_all(chunks, plain=True, **options)
