@@ -106,8 +106,9 @@ def timeseries_panel(
     ``unstacked_refs`` names queries drawn as a dashed line over a stacked chart (the total
     the stack is compared with); ``exemplars`` asks Prometheus for exemplars on every query
     (for latency histograms that carry them), ``exemplar_refs`` on the queries named only
-    (a chart mixing a histogram that carries exemplars with one that carries none); ``links`` are (title, url) panel links (the
-    runbook section of the alert the panel shows).
+    (a chart mixing a histogram that carries exemplars with one that carries none);
+    ``links`` are (title, url) panel links (the runbook section of the alert the panel
+    shows).
     """
     panel = (
         timeseries.Panel()
