@@ -44,6 +44,7 @@ from stagelens.buckets import (
 from stagelens.config import Settings
 from stagelens.errors import ConfigurationError
 from stagelens.genai_call import GenAICall
+from stagelens.tail_sampling import ExemplarSlots
 
 __all__ = [
     "FOLD_EVERY",
@@ -118,8 +119,12 @@ class RequestRecord(NamedTuple):
     genai: GenAICall | None = None
     """The upstream GenAI call, recorded only while a sink wants it (``add_sink``)."""
     exemplar: ExemplarRef | None = None
-    """The request's trace when it was sampled: its TTFT, duration and stage times may
-    become exemplars. None for a sampled-out request, which never names a trace."""
+    """The request's trace when it was sampled (under the tail sampler: kept): its TTFT,
+    duration and stage times may become exemplars. None for a sampled-out (dropped)
+    request, which never names a trace."""
+    trace_decision: tuple[str, str] | None = None
+    """(decision, reason) of the tail sampler for the request's trace; None under any
+    other sampler (``stagelens_trace_decisions_total``)."""
 
 
 RequestSink = Callable[[list[RequestRecord]], None]
@@ -306,6 +311,20 @@ class Instruments:
                 registry=r,
             )
         )
+        self.trace_decisions = ChildCache(
+            Counter(
+                sc.TRACE_DECISIONS,
+                "Requests whose trace the tail sampler kept or dropped, by reason.",
+                [sc.LABEL_DECISION, sc.LABEL_REASON],
+                registry=r,
+            )
+        )
+        self._decisions: dict[tuple[str, str], FastCounter] = {}
+        self.exemplar_slots = (
+            ExemplarSlots(REQUEST_DURATION_BUCKETS) if self._keep_exemplars else None
+        )
+        """The tail sampler's record of which duration buckets have a fresh kept trace
+        (None in multiprocess mode, whose files keep no exemplars: none is chosen)."""
         self.spans_dropped = ChildCache(
             Counter(
                 sc.SPANS_DROPPED,
@@ -439,7 +458,17 @@ class Instruments:
         kept: _Exemplars = defaultdict(list)
         for model, records in _grouped(batch, _MODEL):
             self._collect_model(model, records, observed, added, kept)
+        decisions = [r.trace_decision for r in batch if r.trace_decision is not None]
+        for key, counted in Tally(decisions).items():
+            added[self._decision(key)] += counted
         return observed, added, kept
+
+    def _decision(self, key: tuple[str, str]) -> FastCounter:
+        """``stagelens_trace_decisions_total{decision, reason}``, bound once per pair."""
+        found = self._decisions.get(key)
+        if found is None:
+            found = self._decisions[key] = FastCounter(self.trace_decisions.get(*key))
+        return found
 
     def _collect_model(
         self,
