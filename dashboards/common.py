@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 
 TAGS: Final = ["stagelens", "llm"]
 LATENCY_EXEMPLARS: Final = True

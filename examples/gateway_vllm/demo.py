@@ -288,7 +288,7 @@ def _show(
     if not args.no_traffic:
         _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
         asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
-        from stagelens.report import fetch, render_table
+        from stagelens.views.report import fetch, render_table
 
         print()
         print(render_table(fetch(metrics)))
@@ -401,7 +401,7 @@ def _print_prometheus(path: Path, metrics: str, backends: list[str], workers: in
     Prometheus on it, with exemplar storage (the latency buckets' trace ids)."""
     from urllib.parse import urlsplit
 
-    from stagelens import prometheus_server
+    from stagelens.slo import prometheus_server
 
     jobs = {
         prometheus_server.GATEWAY_JOB: [urlsplit(metrics).netloc],

@@ -13,9 +13,9 @@ import yaml
 from stagelens.dashboards.deploy import write_all
 from stagelens.dashboards.k8s import GATEWAY, VLLM, VLLM_FLAGS, backend_urls, gateway_config
 
-from stagelens.alert_rules import render_alerts
-from stagelens.recording_rules import render_rules
-from stagelens.slo import SloConfig, slo_config_from_mapping
+from stagelens.slo.alert_rules import render_alerts
+from stagelens.slo.config import SloConfig, slo_config_from_mapping
+from stagelens.slo.recording_rules import render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"

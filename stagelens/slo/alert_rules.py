@@ -21,7 +21,8 @@ from typing import Any, Final
 import yaml
 
 from stagelens import semconv as sc
-from stagelens.recording_rules import (
+from stagelens.slo.config import BurnWindow, SloConfig, duration_seconds, load_slo_config
+from stagelens.slo.recording_rules import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     ENGINE_KV_USAGE_RECORD,
@@ -39,7 +40,6 @@ from stagelens.recording_rules import (
     stage_latency_record,
     ttft_p95_record,
 )
-from stagelens.slo import BurnWindow, SloConfig, duration_seconds, load_slo_config
 
 RULES_FILE: Final = "stagelens-rules.yaml"
 ALERTS_FILE: Final = "stagelens-alerts.yaml"
@@ -510,7 +510,7 @@ def dump_yaml(data: dict[str, Any]) -> str:
 
 def write_rule_files(cfg: SloConfig, out_dir: Path) -> list[Path]:
     """Write the recording-rule and alert files and the runbook into ``out_dir``."""
-    from stagelens.runbook import render_runbook
+    from stagelens.slo.runbook import render_runbook
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

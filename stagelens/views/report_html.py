@@ -5,7 +5,7 @@ inter-token latency distributions, the slowest trace's waterfall, and tokens and
 tenant. Why self-contained: a page attached to a ticket is opened later, elsewhere, maybe
 offline; so the CSS and the SVG charts are inline, and there is no script and no URL to
 fetch. Why no prompt or completion text: the figures come from ``/metrics`` (no text
-there) and the waterfall shows names, times and token counts only (``stagelens.waterfall``).
+there) and the waterfall shows names, times and token counts only (``stagelens.views.waterfall``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stagelens import semconv as sc
 from stagelens.errors import TraceSourceError
-from stagelens.report import Histogram, StageRow, parse_metrics, stage_rows
-from stagelens.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
-from stagelens.traces import (
+from stagelens.views.report import Histogram, StageRow, parse_metrics, stage_rows
+from stagelens.views.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
+from stagelens.views.traces import (
     DEFAULT_TRACE_SOURCE,
     SpanRecord,
     fetch_trace,
@@ -36,7 +36,7 @@ from stagelens.traces import (
     normalize_trace_id,
     slowest,
 )
-from stagelens.waterfall import Waterfall, build
+from stagelens.views.waterfall import Waterfall, build
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;

@@ -1,6 +1,6 @@
 """``stagelens report --metrics-url URL``: the per-stage latency table of any instrumented
 service, read from its ``/metrics``; with ``--html FILE`` a page to attach to a ticket
-(``stagelens.report_html``).
+(``stagelens.views.report_html``).
 
 Why from ``/metrics`` and not traces: it works against any running service with no
 collector, and the quantiles are computed exactly as Prometheus's ``histogram_quantile``
@@ -198,7 +198,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"stagelens report: cannot read {args.metrics_url}: {exc}")
         return 1
     if args.html is not None:
-        from stagelens.report_html import write_report
+        from stagelens.views.report_html import write_report
 
         return write_report(args, text)
     print(render_table(text))

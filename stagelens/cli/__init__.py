@@ -21,11 +21,11 @@ from stagelens.errors import StageLensError
 
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.reference.demo",
-    "stagelens.report",
-    "stagelens.trace_command",
-    "stagelens.gpu_exporter_cli",
-    "stagelens.alert_rules",
-    "stagelens.previews",
+    "stagelens.views.report",
+    "stagelens.cli.trace",
+    "stagelens.cli.gpu_exporter",
+    "stagelens.slo.alert_rules",
+    "stagelens.views.previews",
 )
 """Modules that contribute a subcommand, in help order."""
 
@@ -58,7 +58,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
