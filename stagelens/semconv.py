@@ -590,7 +590,8 @@ REASON_SLOW: Final = "slow"
 over ``tail_slow_seconds``."""
 REASON_EXEMPLAR: Final = "exemplar"
 """``reason`` label value (kept): chosen to be an exemplar, its request duration falling in
-a bucket no kept trace of its model had filled recently."""
+a bucket no kept trace of its model had filled recently, or the slowest request of its
+model so far in the current window (so the slowest of any stretch of traffic is kept)."""
 REASON_PARENT: Final = "parent"
 """``reason`` label value (kept): the caller's ``traceparent`` said sampled."""
 REASON_RATIO: Final = "ratio"

@@ -195,15 +195,20 @@ def keep_reason(
 
 
 class ExemplarSlots:
-    """When a kept trace last fell in each request-duration bucket of each model.
+    """When a kept trace last fell in each request-duration bucket of each model, and the
+    slowest request of each model in the current window.
 
     Why: a histogram bucket's exemplar is the latest kept request in it, and with a small
     base ratio a bucket that fine requests fill would get none for long stretches. A
     request whose bucket no kept trace filled for ``refresh_seconds`` is kept as that
-    bucket's exemplar, so every bucket in use names a trace that exists. Bounded: one
-    entry per model label and bucket (both bounded)."""
+    bucket's exemplar, so every bucket in use names a trace that exists. So is a request
+    slower than every earlier one of its model in the same window (windows of
+    ``refresh_seconds``, one after the other): the slowest request of any stretch of
+    traffic is always kept, for a few traces more per window (a new slowest among ``n``
+    requests in random order comes about ``ln n`` times). Bounded: one entry per model
+    label and bucket, and one per model label (both bounded)."""
 
-    __slots__ = ("_bounds", "_filled", "_refresh")
+    __slots__ = ("_bounds", "_filled", "_refresh", "_slowest")
 
     def __init__(
         self, bounds: Sequence[float], refresh_seconds: float = EXEMPLAR_REFRESH_SECONDS
@@ -211,14 +216,27 @@ class ExemplarSlots:
         self._bounds = list(bounds)
         self._refresh = refresh_seconds
         self._filled: dict[tuple[str, int], float] = {}
+        self._slowest: dict[str, tuple[float, float]] = {}
+        """Per model: (when its window began, the slowest duration in it so far)."""
 
     def claim(self, model: str, duration: float, now: float, kept: bool) -> bool:
         """Note a finished request (``now``: a monotonic clock); True when it is kept: it
-        was already (``kept``), or its bucket needs a fresh exemplar."""
+        was already (``kept``), its bucket needs a fresh exemplar, or it is the slowest of
+        its model in this window."""
+        refresh = self._refresh
+        window = self._slowest.get(model)
+        if window is None or now - window[0] >= refresh:
+            self._slowest[model] = (now, duration)
+            slowest = True
+        elif duration > window[1]:
+            self._slowest[model] = (window[0], duration)
+            slowest = True
+        else:
+            slowest = False
         key = (model, bisect_left(self._bounds, duration))
-        if not kept:
+        if not (kept or slowest):
             last = self._filled.get(key)
-            if last is not None and now - last < self._refresh:
+            if last is not None and now - last < refresh:
                 return False
         self._filled[key] = now
         return True

@@ -16,7 +16,13 @@ from stagelens.exporters.deferred import DeferredTracerProvider, RecordedSpan
 
 from stagelens import semconv
 from stagelens.errors import ConfigurationError
-from stagelens.tail_sampling import PendingTrace, TailSampler, keep_reason, tail_sampler
+from stagelens.tail_sampling import (
+    ExemplarSlots,
+    PendingTrace,
+    TailSampler,
+    keep_reason,
+    tail_sampler,
+)
 
 
 @pytest.fixture
@@ -155,3 +161,29 @@ class TestRules:
         for bad in ("lots", "1.5", "-0.1"):
             with pytest.raises(ConfigurationError):
                 tail_sampler(bad)
+
+
+class TestExemplarSlots:
+    def test_a_stale_bucket_and_a_new_slowest_are_kept(self) -> None:
+        """Per model: the first request in a bucket is kept, the next in the same bucket
+        within the refresh interval is not, unless it is the slowest of the window; after
+        the interval the bucket takes a new one; a kept trace refreshes its bucket."""
+        slots = ExemplarSlots([0.1, 1.0, 10.0], refresh_seconds=15.0)
+        assert slots.claim("m", 0.5, now=0.0, kept=False)  # first: bucket and slowest
+        assert not slots.claim("m", 0.4, now=1.0, kept=False)  # same bucket, not slowest
+        assert slots.claim("m", 0.6, now=2.0, kept=False)  # a new slowest of the window
+        assert slots.claim("other", 0.4, now=2.0, kept=False)  # models apart
+        assert slots.claim("m", 0.05, now=3.0, kept=True)  # kept stays kept
+        assert not slots.claim("m", 0.05, now=4.0, kept=False)  # that kept one filled it
+        assert slots.claim("m", 0.3, now=17.1, kept=False)  # a new window and a stale bucket
+
+    def test_the_slowest_of_any_run_is_kept(self) -> None:
+        """Whatever the order, the slowest request of a run is kept."""
+        import random
+
+        rng = random.Random(7)
+        for _ in range(50):
+            durations = [rng.uniform(0.01, 5.0) for _ in range(40)]
+            slots = ExemplarSlots([0.1, 1.0, 10.0], refresh_seconds=15.0)
+            kept = [slots.claim("m", d, now=i * 0.5, kept=False) for i, d in enumerate(durations)]
+            assert kept[durations.index(max(durations))]
