@@ -154,7 +154,7 @@ def main() -> None:
                 port = free_port()
                 proxy = serve(work, "bench_proxy", port, _env(variant, up, sink, args.ratio))
                 try:
-                    wait_up(f"http://127.0.0.1:{port}/docs")
+                    wait_up(f"http://127.0.0.1:{port}/docs", timeout=180)  # a busy machine
                     before = _sink_bytes(sink)
                     rps, _p50, cpu = asyncio.run(
                         measure(

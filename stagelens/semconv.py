@@ -168,7 +168,8 @@ SPAN_ENGINE_DECODE: Final = "decode"
 HEADER_REQUEST_ID: Final = "x-request-id"
 """Request id sent to the vLLM server, which uses it as its own request id: the app's own,
 else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
-by it); none is minted for a call whose trace is sampled out."""
+by it); none is minted for a call whose trace is sampled out, or not yet kept (the tail
+sampler decides at the request's end: ``docs/tail-sampling.md``)."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels
