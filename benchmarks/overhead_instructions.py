@@ -85,6 +85,9 @@ from overhead import (
 )
 
 _INSTRUMENTED = ("metrics", "stagelens")
+_CHECKED = (*_INSTRUMENTED, "tail")
+"""Variants whose ``/metrics`` must show the full work (``tail``, the tail sampler, is not
+run ``--against`` an older revision: older code falls back to the SDK's default sampler)."""
 """The variants that run stagelens: checked after their scrape, and run by ``--against``."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -126,7 +129,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
                 # docstring). A variant without /metrics answers 404, the same in both runs.
                 await asyncio.sleep(1)  # the last request is recorded after its last byte
                 scraped = await c.get("/metrics")
-                if variant in _INSTRUMENTED:  # refuse a flattering figure
+                if variant in _CHECKED:  # refuse a flattering figure
                     problem = full_work_problem(scraped.text, served=requests)
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
