@@ -3,7 +3,7 @@ reference stack <- cli. No import circles anywhere, a ``TYPE_CHECKING`` import a
 
 Read from the source (every ``import``, lazy and type-checking ones included), not from
 what happens to be imported at run time, so that an import added inside a function is
-caught as well. The layers and their folders are described in the README's layout section.
+caught as well. The layers and their folders are described in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -80,7 +80,9 @@ def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
     return skipped
 
 
-def imported(module: str, path: Path, known: set[str], *, run_time_only: bool = False) -> set[str]:
+def imported(
+    module: str, path: Path, known: set[str], *, run_time_only: bool = False
+) -> set[str]:
     """The ``stagelens`` modules that ``module`` imports, wherever the import statement is
     (with ``run_time_only``, leaving out those under ``if TYPE_CHECKING:``)."""
     package = module if path.stem == "__init__" else module.rpartition(".")[0]
@@ -122,3 +124,56 @@ def test_imports_run_one_way(module: str) -> None:
         if layer_of(target) not in ALLOWED[own]
     )
     assert not wrong, f"{module} ({own}) imports {wrong}"
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (or a self-import)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles() -> None:
+    """No two modules import each other, directly or through others, lazy imports included
+    (a circle means two modules are one, or a third is missing); ``TYPE_CHECKING`` imports
+    are left out, since they never run."""
+    found = modules()
+    graph = {
+        name: imported(name, path, set(found), run_time_only=True) - {name}
+        for name, path in found.items()
+    }
+    assert _circles(graph) == []
+
+
+def test_circle_finder_sees_a_circle() -> None:
+    """The circle check fails on a circle through a third module (it can fail)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]

@@ -1,6 +1,5 @@
-"""``stagelens report --metrics-url URL``: the per-stage latency table of any instrumented
-service, read from its ``/metrics``; with ``--html FILE`` a page to attach to a ticket
-(``stagelens.views.report_html``).
+"""The per-stage latency table of any instrumented service, read from its ``/metrics``
+exposition text (``stagelens report``; the page for a ticket is ``report_html``).
 
 Why from ``/metrics`` and not traces: it works against any running service with no
 collector, and the quantiles are computed exactly as Prometheus's ``histogram_quantile``
@@ -9,13 +8,10 @@ does (linear interpolation inside the bucket), so the table agrees with the dash
 
 from __future__ import annotations
 
-import argparse
 import math
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -155,51 +151,3 @@ def fetch(url: str, timeout: float = 10.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         body: bytes = response.read()
     return body.decode()
-
-
-def add_parser(subparsers: Any) -> None:
-    """``stagelens report``."""
-    parser = subparsers.add_parser(
-        "report",
-        help="print the per-stage latency table from a service's /metrics, or write a page",
-    )
-    parser.add_argument(
-        "--metrics-url",
-        required=True,
-        help="e.g. http://127.0.0.1:9464/metrics (the demo gateway's internal metrics port)",
-    )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        default=None,
-        help="write one self-contained HTML page (stage table, TTFT and ITL distributions, "
-        "the slowest trace's waterfall, tokens and cost by tenant) instead",
-    )
-    parser.add_argument(
-        "--traces",
-        metavar="URL",
-        default=None,
-        help="trace source for --html: a receiver's query API (default: the running "
-        "demo's, http://127.0.0.1:4318)",
-    )
-    parser.add_argument(
-        "--trace-file", type=Path, default=None, help="or OTLP/JSON spans from this file"
-    )
-    parser.add_argument(
-        "--trace-id", default=None, help="draw this trace instead of the slowest one"
-    )
-    parser.set_defaults(func=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        text = fetch(args.metrics_url)
-    except OSError as exc:
-        print(f"stagelens report: cannot read {args.metrics_url}: {exc}")
-        return 1
-    if args.html is not None:
-        from stagelens.views.report_html import write_report
-
-        return write_report(args, text)
-    print(render_table(text))
-    return 0

@@ -189,7 +189,7 @@ class TestWiring:
     def test_urls_are_secrets(self) -> None:
         """The ledger and Redis URLs reach the gateway from the Secret, under the names the
         reference gateway reads, never as plain env."""
-        from stagelens.reference.ledger import LEDGER_URL_ENV
+        from stagelens.reference.ledger_url import LEDGER_URL_ENV
         from stagelens.reference.ratelimit import REDIS_URL_ENV
 
         (deployment,) = [d for d in _docs("stack.yaml") if d["kind"] == "Deployment"]

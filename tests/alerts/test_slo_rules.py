@@ -11,6 +11,7 @@ import yaml
 
 from stagelens import semconv as sc
 from stagelens.cli import main
+from stagelens.cli.slo import write_rule_files
 from stagelens.errors import ConfigurationError
 from stagelens.slo.alert_rules import (
     ALERTS_FILE,
@@ -19,7 +20,6 @@ from stagelens.slo.alert_rules import (
     RUNBOOK_FILE,
     dump_yaml,
     render_alerts,
-    write_rule_files,
 )
 from stagelens.slo.config import (
     SLIS,

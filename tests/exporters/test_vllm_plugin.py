@@ -664,11 +664,11 @@ def _gateway_only_families() -> set[str]:
     """Family names the gateway's instruments register (what configure() adds) that the
     plugin does not (telemetry errors and engine phases are in both, and so are dropped
     spans when engine spans are on)."""
-    from stagelens._instruments import instruments_for
     from stagelens.config import load_settings
+    from stagelens.telemetry import recording_for
 
     gateway, engine = CollectorRegistry(), CollectorRegistry()
-    instruments_for(gateway, load_settings())
+    recording_for(gateway, load_settings())
     vllm_metrics.EngineMetrics(engine)
     ours = {f.name for f in engine.collect()} | {semconv.SPANS_DROPPED.removesuffix("_total")}
     return {f.name for f in gateway.collect()} - ours
