@@ -270,7 +270,7 @@ def main() -> None:
     try:
         work = write_programs(root, events[0])  # the sink (and the proxy) are the same for all
         servers.append(serve(work, "bench_sink", sink_port, {}))
-        wait_up(f"http://127.0.0.1:{sink_port}/")
+        wait_up(f"http://127.0.0.1:{sink_port}/", timeout=300)  # a busy machine
         seconds_per_instruction = 0.0
         for i, n in enumerate(events):
             work_n = work
@@ -279,7 +279,7 @@ def main() -> None:
                 work_n = write_programs(root / f"events-{n}", n)
             up_port = free_port()
             servers.append(serve(work_n, "bench_upstream", up_port, {}))
-            wait_up(f"http://127.0.0.1:{up_port}/")
+            wait_up(f"http://127.0.0.1:{up_port}/", timeout=300)
             runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
             results[n] = _per_request(work_n, variants, runs, up_port, sink_port)
             print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")
