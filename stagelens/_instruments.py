@@ -15,9 +15,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from stagelens import _compat
+from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens import semconv_spec
 from stagelens._series import BillingSeries, ChildCache, ModelSeries
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
