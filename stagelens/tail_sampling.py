@@ -132,7 +132,10 @@ class PendingTrace:
     holds it. A span that ends before the decision is held here; once decided, the held
     spans and every later one go to ``release`` (the export queue) when kept and are
     dropped, never built, when not. ``kept`` is None while undecided; a trace kept at its
-    start (``head`` names why) is made decided."""
+    start (``head`` names why) is made decided. No lock: a request's spans end on its
+    event loop, where the middleware decides; a span ended on another thread at the very
+    moment of the decision could be left out of a kept trace (never added to a dropped
+    one)."""
 
     __slots__ = ("_release", "_spans", "head", "kept", "owner")
 
