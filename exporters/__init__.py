@@ -92,6 +92,8 @@ def enable_gpu_metrics(
             from stagelens.exporters.gpu_otel import register_gpu_meters
 
             register_gpu_meters(provider, reader, cost_usd_per_hour=collector.cost_usd_per_hour)
+            if telemetry is not None:  # its flush and shutdown export the hw.* gauges too
+                telemetry.add_flushed(provider)
         return collector
     except Exception as exc:  # telemetry never breaks start-up of the host
         _log.warning("GPU metrics not enabled: %s: %s", type(exc).__name__, exc)

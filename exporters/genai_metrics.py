@@ -141,6 +141,7 @@ class GenAIMetrics:
         self.provider_key = sc.GEN_AI_PROVIDER_NAME if self.latest else sc.GEN_AI_SYSTEM
         self.pipeline: OtlpMetricsPipeline | None = None
         """The OTLP pipeline ``enable_genai_metrics`` built, None on a given provider."""
+        self.meter_provider = meter_provider
         self._on_error = on_error
         self._room = max_response_models
         self._response_models: frozenset[str] = frozenset()
@@ -291,11 +292,16 @@ def enable_genai_metrics(
     ``exporter``), interval per ``OTEL_METRIC_EXPORT_INTERVAL``, exponential histograms
     when ``settings.genai_metrics_exponential`` (or ``views``). Either way the requests
     still queued are folded at the start of every collection. Raises ConfigurationError /
-    DependencyMissingError for bad ``OTEL_*`` settings (at start-up, never on a request)."""
+    DependencyMissingError for bad ``OTEL_*`` settings (at start-up, never on a request).
+
+    ``telemetry.force_flush()`` and ``shutdown()`` then cover the GenAI metrics too: the
+    pipeline built here is flushed and shut down with the spans; a given meter provider
+    is flushed (its owner shuts it down)."""
     fold = telemetry.fold
     with _ENABLED_LOCK:
         found = _ENABLED.get(fold)
         if found is not None:
+            _flushed_with(telemetry, found)
             return found
         report = telemetry.report_error
 
@@ -323,4 +329,13 @@ def enable_genai_metrics(
         metrics.pipeline = pipeline
         fold.add_sink(metrics)
         _ENABLED[fold] = metrics
+        _flushed_with(telemetry, metrics)
         return metrics
+
+
+def _flushed_with(telemetry: Telemetry, metrics: GenAIMetrics) -> None:
+    """Register the GenAI metrics' pipeline with ``telemetry``'s flush and shutdown."""
+    if metrics.pipeline is not None:
+        telemetry.add_pipeline(metrics.pipeline)
+    else:
+        telemetry.add_flushed(metrics.meter_provider)

@@ -16,6 +16,7 @@ are not output. ``_sse.output_fast`` answers the common case without parsing.
 
 from __future__ import annotations
 
+import base64
 import json
 import json.scanner
 import math
@@ -268,3 +269,20 @@ def phases_of(engine: dict[str, Any] | None) -> list[tuple[str, float]]:
         if math.isfinite(value) and value >= 0:
             out.append((phase, value / 1000.0))
     return out
+
+
+def embedding_size(body: Any) -> int | None:
+    """The number of dimensions of an embeddings answer's first vector: the length of its
+    float list, or of its ``base64`` float32 bytes / 4; None when the answer does not say
+    (never raises: the answer comes from the network)."""
+    data = body.get("data") if isinstance(body, dict) else None
+    first = data[0] if isinstance(data, list) and data else None
+    vector = first.get("embedding") if isinstance(first, dict) else None
+    if isinstance(vector, list):
+        return len(vector)
+    if isinstance(vector, str):
+        try:
+            return len(base64.b64decode(vector, validate=True)) // 4
+        except ValueError:
+            return None
+    return None

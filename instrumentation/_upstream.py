@@ -74,6 +74,8 @@ class _UpstreamCall(EventReader):
 
     __slots__ = (
         "_buffer",
+        "_dimensions",
+        "_embeddings",
         "_engine",
         "_headers_seen",
         "_payload",
@@ -100,7 +102,10 @@ class _UpstreamCall(EventReader):
         self.telemetry = telemetry
         self.state = state
         self.model = str(payload.get("model") or telemetry.settings.default_model)
-        self.stream = stream = payload.get("stream", False) is True
+        self._embeddings = embeddings = operation == sc.GEN_AI_OPERATION_EMBEDDINGS
+        self._dimensions: int | None = None
+        """Embeddings: the size of the answer's first vector, when it says."""
+        self.stream = stream = payload.get("stream", False) is True and not embeddings
         if state is not None and not state.recording:
             # Sampled out: the root itself (unrecorded) stands for the call's span: its
             # context is the one propagated, and nothing is built.
@@ -121,6 +126,8 @@ class _UpstreamCall(EventReader):
                 inference = state.inference = InferenceFacts()
             inference.calls += 1
             state.streamed = state.streamed or stream
+            if embeddings:
+                state.set_tokenless()  # an embedding has no first token
             if telemetry.fold.needs_genai:  # the GenAI metrics are on
                 url = request.url
                 state.genai = GenAICall(operation, stream, url.host, url.port)
@@ -135,7 +142,7 @@ class _UpstreamCall(EventReader):
             inference=inference,
         )
         if telemetry.settings.capture_message_content and recording:
-            content = payload.get("messages", payload.get("prompt"))
+            content = payload.get("messages", payload.get("prompt", payload.get("input")))
             self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
         if stream and not _openai.wants_usage(payload):
             # Ask for the usage event (billing needs it) and remove it from what the app
@@ -299,7 +306,9 @@ class _UpstreamCall(EventReader):
         if facts.outputs and self._first_output_at is None:
             self._first_output_at = time.perf_counter()
             self.mark_first()
-        if self.telemetry.settings.capture_message_content and isinstance(body, dict):
+        if self._embeddings:
+            self._dimensions = _openai.embedding_size(body)
+        elif self.telemetry.settings.capture_message_content and isinstance(body, dict):
             self._capture_output(body)
 
     def take(self, facts: _openai.EventFacts) -> None:
@@ -378,8 +387,11 @@ class _UpstreamCall(EventReader):
             attributes[sc.GEN_AI_RESPONSE_FINISH_REASONS] = self._finish_reasons
         if usage is not None:
             attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
-            attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
-            attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+            if not self._embeddings:  # an embedding generates no output token
+                attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
+                attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+        if self._dimensions is not None:
+            attributes[sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = self._dimensions
         if billing == sc.BILLING_ESTIMATED:
             attributes[sc.ATTR_USAGE_ESTIMATED] = True
         span.set_attributes(attributes)
@@ -427,11 +439,16 @@ def _client_attributes(
         sc.GEN_AI_OPERATION_NAME: operation,
         sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER_VLLM,
         sc.GEN_AI_REQUEST_MODEL: model,
-        sc.GEN_AI_REQUEST_STREAM: stream,
         sc.SERVER_ADDRESS: request.url.host,
     }
     if request.url.port is not None:
         attributes[sc.SERVER_PORT] = request.url.port
+    if operation == sc.GEN_AI_OPERATION_EMBEDDINGS:
+        encoding = payload.get("encoding_format")
+        if isinstance(encoding, str):
+            attributes[sc.GEN_AI_REQUEST_ENCODING_FORMATS] = [encoding]
+        return attributes
+    attributes[sc.GEN_AI_REQUEST_STREAM] = stream
     max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
     if isinstance(max_tokens, int):
         attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
@@ -439,7 +456,8 @@ def _client_attributes(
 
 
 def start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
-    """Begin instrumenting ``request`` if it is a completion call; else just propagate."""
+    """Begin instrumenting ``request`` if it is a completion or embeddings call; else just
+    propagate."""
     path = request.url.path
     if request.method != "POST":
         propagate.inject(request.headers)
@@ -448,6 +466,8 @@ def start_call(telemetry: Telemetry | None, request: httpx.Request) -> _Upstream
         operation = sc.GEN_AI_OPERATION_CHAT
     elif path.endswith("/completions"):
         operation = sc.GEN_AI_OPERATION_TEXT_COMPLETION
+    elif path.endswith("/embeddings"):
+        operation = sc.GEN_AI_OPERATION_EMBEDDINGS
     else:
         propagate.inject(request.headers)
         return None

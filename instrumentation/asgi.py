@@ -28,12 +28,13 @@ from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation import _outcome
+from stagelens.instrumentation import _fastapi_builtin, _outcome
 from stagelens.instrumentation._header_logs import quiet_propagator_logs
 from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens import tail_sampling
 from stagelens.config import Settings
@@ -75,6 +76,7 @@ class _HeaderGetter(Getter[Scope]):
 
 
 _GETTER = _HeaderGetter()
+_FASTAPI_TELEMETRY = _compat.FASTAPI_TELEMETRY_SCOPE_KEY
 _NO_PARENT = Context()
 _fields: tuple[object, frozenset[bytes]] = (None, frozenset())
 """The global propagator and the header names it reads, encoded (refreshed on change)."""
@@ -138,6 +140,9 @@ class StageLensMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             if scope["type"] == "lifespan":
+                # Added with add_middleware() rather than instrument_app(): the FastAPI app
+                # around us is known only now, before its startup reads its settings.
+                _fastapi_builtin.switch_off(scope.get("app"))
                 await self.app(scope, receive, self._flush_on_shutdown(send))
             else:
                 await self.app(scope, receive, send)
@@ -200,6 +205,9 @@ class _RequestTracker:
         method = scope.get("method", "GET")
         known = method in mw.known_methods
         parent = _extract(scope)
+        # A FastAPI app inside (wrapped, or mounted in a Starlette app) makes no SERVER span
+        # of its own for this request: ours is the one (see _fastapi_builtin).
+        scope.setdefault(_FASTAPI_TELEMETRY, None)
         root = telemetry.tracer.start_span(
             method if known else sc.HTTP_SPAN_NAME_OTHER,
             context=parent,

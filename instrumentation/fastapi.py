@@ -5,6 +5,10 @@ CLI finds it (entry point ``opentelemetry_instrumentor``): ``instrument()`` patc
 ``fastapi.FastAPI`` so apps built afterwards get the middleware; ``instrument_app(app)``
 instruments one existing app; both are idempotent and undone exactly by their
 ``uninstrument`` counterparts.
+
+FastAPI's built-in OpenTelemetry (FastAPI 0.165 and later: tracing, HTTP metrics, logs) is
+switched off on an instrumented app, so that a request has one trace and one SERVER span:
+stagelens' (see ``_fastapi_builtin`` for why off rather than continued).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from collections.abc import Collection
 from typing import Any, Final
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from stagelens.instrumentation import _fastapi_builtin
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.instrumentation.package import _instruments
 
@@ -21,6 +26,8 @@ from stagelens.errors import ConfigurationError
 from stagelens.telemetry import Telemetry
 
 _MARK = "_stagelens_instrumented"
+_BUILTIN = "_stagelens_fastapi_telemetry"
+"""Where an instrumented app keeps its FastAPI telemetry settings from before, for undo."""
 _OPTIONS: Final = frozenset(inspect.signature(StageLensMiddleware.__init__).parameters) - {
     "self",
     "app",
@@ -35,6 +42,10 @@ def instrument_app(app: Any, *, telemetry: Telemetry | None = None, **options: A
     ``options`` go to the middleware: ``settings``, ``auth_hook``, ``rate_limit_hook``,
     ``body_hook``, ``request_hook``, ``response_hook``, ``metrics_path`` (serve ``/metrics``
     from the app). Returns the app. Raises ConfigurationError for an unknown option.
+
+    On FastAPI 0.165 and later, the app's built-in tracing, HTTP metrics and logs are
+    switched off (whatever ``FastAPI(telemetry=...)`` said): stagelens' root is the request's one
+    SERVER span. :func:`uninstrument_app` puts them back.
     """
     unknown = set(options) - _OPTIONS
     if unknown:
@@ -45,13 +56,19 @@ def instrument_app(app: Any, *, telemetry: Telemetry | None = None, **options: A
         return app
     app.add_middleware(StageLensMiddleware, telemetry=telemetry, **options)
     setattr(app, _MARK, True)
+    setattr(app, _BUILTIN, _fastapi_builtin.switch_off(app))
     return app
 
 
 def uninstrument_app(app: Any) -> None:
-    """Remove the middleware added by :func:`instrument_app` (before the app started)."""
+    """Remove the middleware added by :func:`instrument_app` (before the app started) and
+    give FastAPI's built-in telemetry its settings back."""
     if not getattr(app, _MARK, False):
         return
+    before = getattr(app, _BUILTIN, None)
+    if before is not None:
+        _fastapi_builtin.restore(app, before)
+        setattr(app, _BUILTIN, None)
     app.user_middleware = [m for m in app.user_middleware if m.cls is not StageLensMiddleware]
     app.middleware_stack = None
     setattr(app, _MARK, False)

@@ -261,7 +261,7 @@ def bill() -> float | None:
         model = state.model_label
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
-        # Counted with the request's other figures when it ends (see Instruments.submit).
+        # Counted with the request's other figures when it ends (see Fold.submit).
         state.billing = BillingRecord(
             tenant,
             usage.input_tokens,

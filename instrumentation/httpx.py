@@ -1,6 +1,8 @@
 """Instrument the upstream call to an OpenAI-compatible server (vLLM) made with httpx.
 
-What it adds to every ``/v1/chat/completions`` and ``/v1/completions`` call:
+What it adds to every ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/embeddings``
+call (an embedding has no stream, output tokens or first token; its span carries the
+encoding formats asked for and the vector size instead):
 
 - the ``inference`` stage as a GenAI CLIENT span named ``{operation} {model}`` with the
   contract's ``gen_ai.*`` attributes, and ``traceparent`` + ``X-Request-Id`` injected so the

@@ -348,3 +348,35 @@ def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     if not (isinstance(every, str) and isinstance(http, str) and isinstance(plain, str)):
         return None  # pragma: no cover - depends on the installed versions
     return (every, plain), (every, plain, http)
+
+
+# --- fastapi -----------------------------------------------------------------------------
+
+FASTAPI_TELEMETRY_TESTED: Final = "0.165.0"
+"""The FastAPI release whose built-in OpenTelemetry the internals below were read from."""
+
+FASTAPI_TELEMETRY_SCOPE_KEY: Final = "fastapi.telemetry"
+"""The ASGI scope key under which FastAPI's built-in telemetry keeps a request's state.
+
+A FastAPI app handed a scope that already holds this key (None included) makes no span and
+records no metric for the request: that is how FastAPI keeps a FastAPI app mounted in
+another from tracing a request twice, and how its ``exclude`` option skips one. An older
+FastAPI (or any other app) ignores the key."""
+
+
+def fastapi_telemetry_config(app: Any) -> dict[str, Any] | None:
+    """The settings of a FastAPI app's built-in OpenTelemetry, as a dict the app reads on
+    every request (what ``FastAPI(telemetry={...})`` set, defaults filled in), or None for
+    an app without them (FastAPI before its built-in telemetry, Starlette, anything else).
+
+    Private: ``FastAPI._telemetry``, the ``TelemetryConfig`` dict that
+    ``FastAPI._native_telemetry.config`` shares. No public fallback: FastAPI takes the
+    settings only at construction, so without the internal an app is left as it is.
+    """
+    config = getattr(app, "_telemetry", None)
+    if not isinstance(config, dict):
+        return None
+    shared = getattr(getattr(app, "_native_telemetry", None), "config", None) is config
+    if not shared or not {"tracing", "metrics", "logs"} <= config.keys():
+        return None  # pragma: no cover - depends on the installed version
+    return config

@@ -284,6 +284,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.GEN_AI_RESPONSE_ID, "string"),
     AttributeSpec(sc.GEN_AI_RESPONSE_MODEL, "string"),
     AttributeSpec(sc.GEN_AI_RESPONSE_FINISH_REASONS, "string[]"),
+    AttributeSpec(sc.GEN_AI_REQUEST_ENCODING_FORMATS, "string[]"),
+    AttributeSpec(sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT, "int"),
     AttributeSpec(sc.GEN_AI_USAGE_INPUT_TOKENS, "int", "{token}"),
     AttributeSpec(sc.GEN_AI_USAGE_OUTPUT_TOKENS, "int", "{token}"),
     AttributeSpec(sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "int", "{token}"),
@@ -368,6 +370,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_RESPONSE_ID,
             sc.GEN_AI_RESPONSE_MODEL,
             sc.GEN_AI_RESPONSE_FINISH_REASONS,
+            sc.GEN_AI_REQUEST_ENCODING_FORMATS,
+            sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT,
             *_USAGE,
             sc.GEN_AI_INPUT_MESSAGES,
             sc.GEN_AI_OUTPUT_MESSAGES,
@@ -381,7 +385,9 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         ),
         _GW,
         "The inference stage: the call to the vLLM server (GenAI semantic conventions), "
-        "e.g. ``chat tiny``. Message content only when capture is opted in.",
+        "e.g. ``chat tiny``, ``embeddings tiny`` (no stream flag, output tokens or first "
+        "token; the encoding formats and vector size instead). Message content only when "
+        "capture is opted in.",
     ),
     *(
         SpanSpec(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from opentelemetry import trace
 from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
@@ -31,6 +31,34 @@ from stagelens.prometheus_sink import FoldOnCollect, PrometheusSink
 from stagelens.tenants import TenantLimiter
 
 logger = logging.getLogger("stagelens")
+
+
+class Pipeline(Protocol):
+    """An export pipeline a Telemetry records into besides its tracer provider (the GenAI
+    metrics' OTLP pipeline, a meter provider): what :meth:`Telemetry.add_pipeline` takes."""
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export what was recorded so far; True when it was."""
+        ...
+
+    def shutdown(self) -> None:
+        """Final export, then stop."""
+        ...
+
+
+class _FlushOnly:
+    """A pipeline stagelens records into but does not own (a meter provider the user
+    gave): flushed on :meth:`Telemetry.shutdown` too, never shut down (its owner does)."""
+
+    def __init__(self, provider: object) -> None:
+        self._provider = provider
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        flush = getattr(self._provider, "force_flush", None)
+        return bool(flush(timeout_millis)) if flush is not None else True
+
+    def shutdown(self) -> None:
+        self.force_flush()
 
 
 class Recording(NamedTuple):
@@ -117,6 +145,9 @@ class Telemetry:
         )
         errors = self.instruments.telemetry_errors
         self._failures = FailureReporter(lambda component: errors.get(component).inc(), logger)
+        self._pipelines: list[Pipeline] = []
+        """Pipelines besides the tracer provider, registered by the exporters that built
+        them (core never imports exporters); shared with every derived Telemetry."""
 
     def derive(self, *, prices: PriceTable | None = None, **overrides: Any) -> Telemetry:
         """A Telemetry recording where this one records (same tracer provider and
@@ -127,26 +158,61 @@ class Telemetry:
         Raises ConfigurationError for invalid settings, or for a TTFT threshold other than
         the registry's (its buckets are fixed once created).
         """
-        return Telemetry(
+        derived = Telemetry(
             load_settings(self.settings, **overrides),
             tracer_provider=self.tracer_provider,
             registry=self.registry,
             exposition_registry=self.exposition_registry,
             prices=prices if prices is not None else self.prices,
         )
+        derived._pipelines = self._pipelines  # the same instruments feed the same pipelines
+        return derived
 
     def metrics_app(self) -> Any:
         """An ASGI app serving this telemetry's exposition registry (for ``/metrics``)."""
         app: Any = make_asgi_app(self.exposition_registry)
         return app
 
+    def add_pipeline(self, pipeline: Pipeline) -> None:
+        """Have :meth:`force_flush` and :meth:`shutdown` cover ``pipeline`` too. Exporters
+        call it for what they build beside the tracer provider (``enable_genai_metrics``
+        for its OTLP metrics pipeline). Idempotent."""
+        self._add(pipeline, pipeline)
+
+    def add_flushed(self, provider: object) -> None:
+        """Have :meth:`force_flush` and :meth:`shutdown` flush ``provider`` (a meter
+        provider the user gave, which stagelens records into but does not own: shutdown
+        flushes it and leaves it running). One without ``force_flush`` is ignored."""
+        self._add(provider, _FlushOnly(provider))
+
+    def _add(self, key: object, entry: Pipeline) -> None:
+        known = [p._provider if isinstance(p, _FlushOnly) else p for p in self._pipelines]
+        if not any(p is key for p in known):
+            self._pipelines.append(entry)
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        """Export queued spans now (tests, shutdown). True when the provider flushed."""
+        """Export now what every pipeline holds: queued spans, and the requests not yet
+        folded into the GenAI metrics (tests, shutdown). True when every one flushed; a
+        pipeline that raises is counted and the others still flush."""
+        flushed = True
+        for pipeline in list(self._pipelines):
+            try:
+                flushed = bool(pipeline.force_flush(timeout_millis)) and flushed
+            except Exception as exc:
+                self.report_error(sc.COMPONENT_SHUTDOWN_FLUSH, exc)
+                flushed = False
         flush = getattr(self.tracer_provider, "force_flush", None)
-        return bool(flush(timeout_millis)) if flush is not None else True
+        return (bool(flush(timeout_millis)) if flush is not None else True) and flushed
 
     def shutdown(self) -> None:
-        """Flush and stop exporters (call at process exit)."""
+        """Final export and stop of every pipeline (call at process exit): the metrics
+        pipelines first (folding records the last spans do not need), then the tracer
+        provider; a pipeline that raises is counted and the others still shut down."""
+        for pipeline in list(self._pipelines):
+            try:
+                pipeline.shutdown()
+            except Exception as exc:
+                self.report_error(sc.COMPONENT_SHUTDOWN_FLUSH, exc)
         shutdown = getattr(self.tracer_provider, "shutdown", None)
         if shutdown is not None:
             shutdown()

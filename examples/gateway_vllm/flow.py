@@ -27,7 +27,7 @@ from stagelens.reference.tokens import TokenCounter, flatten
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from stagelens import Rejected, Stage, current_request, semconv, stage
+from stagelens import Rejected, Stage, current_request, stage
 
 if TYPE_CHECKING:
     from stagelens.reference.app import Gateway
@@ -243,8 +243,8 @@ def _name_model(gateway: Gateway, model: str) -> Pool | None:
 
 async def embed(gateway: Gateway, request: Request) -> Response:
     """Embeddings through the same stages, sent to an embedding pool; the inference stage
-    is timed here (a span of its own, ``gen_ai.operation.name=embeddings``), and the
-    answer has no first token (no TTFT) and no output tokens."""
+    is the instrumented client's ``embeddings {model}`` span, and the answer has no first
+    token (no TTFT) and no output tokens."""
     req, raw = request.scope[REQUEST_KEY]
     tenant = str(request.scope.get(TENANT_KEY, "other"))
     pool = _name_model(gateway, req.model)
@@ -255,19 +255,13 @@ async def embed(gateway: Gateway, request: Request) -> Response:
     try:
         pool, prefix, prompt_tokens = await _admit(gateway, request, req, raw, pool, lease, "embed")
         body = {**raw, "model": pool.upstream_model}
-        attributes = {
-            semconv.GEN_AI_OPERATION_NAME: semconv.GEN_AI_OPERATION_EMBEDDINGS,
-            semconv.GEN_AI_PROVIDER_NAME: semconv.GEN_AI_PROVIDER_VLLM,
-            semconv.GEN_AI_REQUEST_MODEL: pool.upstream_model,
-        }
-        with stage(Stage.INFERENCE, attributes) as inference:
-            upstream, _ = await send(gateway, pool, lease, prefix, "/v1/embeddings", body, False)
-            if upstream.status_code >= 400:
-                return await upstream_error(upstream)
-            content = upstream.content
-            usage = _usage_of(content)
-            input_tokens = int(usage.get("prompt_tokens", prompt_tokens))
-            inference.span.set_attribute(semconv.GEN_AI_USAGE_INPUT_TOKENS, input_tokens)
+        # The inference stage is the instrumented client's ``embeddings {model}`` span.
+        upstream, _ = await send(gateway, pool, lease, prefix, "/v1/embeddings", body, False)
+        if upstream.status_code >= 400:
+            return await upstream_error(upstream)
+        content = upstream.content
+        usage = _usage_of(content)
+        input_tokens = int(usage.get("prompt_tokens", prompt_tokens))
         await gateway.bill(tenant, input_tokens, 0, 0)
         return Response(content, media_type="application/json")
     finally:

@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stagelens.exporters import vllm_metrics
 from stagelens.exporters.vllm_spans import emit_engine_spans
+from stagelens.exporters.vllm_stats import read_iteration, read_scheduler
 
 from stagelens import semconv
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
-from stagelens.engine_stats import read_iteration, read_scheduler
 from tests._otlp_receiver import OtlpReceiver
 from tests._otlp_receiver import otlp_receiver as running_receiver
 
@@ -36,7 +36,7 @@ _NO_VLLM = "vLLM is not installed (bash scripts/setup.sh installs it)"
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch) -> None:
     """Each test sees the adapter's warn-once memory empty (it is process-wide)."""
-    from stagelens import engine_stats
+    from stagelens.exporters import vllm_stats as engine_stats
 
     monkeypatch.setattr(engine_stats, "_warned", set())
 
@@ -122,7 +122,7 @@ def _real_scheduler(stats: ModuleType) -> Any:
 
 
 class TestAdapter:
-    """``stagelens.engine_stats`` turns vLLM's stats into plain data (no vLLM needed)."""
+    """``stagelens.exporters.vllm_stats`` turns vLLM's stats into plain data (no vLLM needed)."""
 
     def test_reads_the_engine_values(self) -> None:
         """Scheduler and finished-request fields come through unchanged."""

@@ -10,6 +10,7 @@ Each request asks for a model of its own, so each histogram data point is one re
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import threading
@@ -26,9 +27,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    ConsoleMetricExporter,
     ExponentialHistogramDataPoint,
     HistogramDataPoint,
     InMemoryMetricReader,
+    PeriodicExportingMetricReader,
 )
 from prometheus_client import CollectorRegistry
 from stagelens.exporters import genai_metrics
@@ -318,6 +321,71 @@ class TestOverOtlp:
         assert len(telemetry.fold.sinks) == 2
         assert enable_genai_metrics(telemetry) is enable_genai_metrics(telemetry.derive())
         assert len(telemetry.fold.sinks) == 2
+
+
+class TestFlushAndShutdown:
+    """Telemetry.force_flush() and shutdown() cover the GenAI metrics as they do spans."""
+
+    def _metric_names(self, receiver: OtlpReceiver) -> set[str]:
+        return {
+            metric.name
+            for path, message in receiver.received
+            if path == "/v1/metrics"
+            for rm in message.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+        }
+
+    def test_force_flush_exports_the_requests_and_shutdown_stops_the_pipeline(
+        self, upstream: Starlette, receiver: OtlpReceiver, port_factory: Any, proxy_factory: Any
+    ) -> None:
+        """A request's GenAI metrics reach the receiver on telemetry.force_flush() (a derived
+        Telemetry's too), not before (the export interval is ten minutes); shutdown() makes
+        the final export and stops the pipeline, once."""
+        telemetry = _gateway(upstream, genai_metrics=True)
+        app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
+        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+            _stream(client, "m-flush", 0.0)
+        assert self._metric_names(receiver) == set()
+        assert telemetry.derive().force_flush(5000)
+        assert semconv.OTEL_GEN_AI_SERVER_REQUEST_DURATION in self._metric_names(receiver)
+        posts = len(receiver.received)
+        telemetry.shutdown()
+        assert len(receiver.received) == posts + 1  # the final export
+        pipeline = enable_genai_metrics(telemetry).pipeline
+        assert pipeline is not None
+        assert pipeline.provider._shutdown  # stopped: nothing more is exported at exit
+        telemetry.shutdown()
+        assert len(receiver.received) == posts + 1
+
+    def test_a_given_meter_provider_is_flushed_never_shut_down(
+        self, upstream: Starlette, port_factory: Any, proxy_factory: Any
+    ) -> None:
+        """On the user's meter provider: force_flush() and shutdown() export what stagelens
+        recorded there, and the provider keeps running for its owner."""
+        out = io.StringIO()
+        reader = PeriodicExportingMetricReader(
+            ConsoleMetricExporter(out=out), export_interval_millis=600_000
+        )
+        provider = MeterProvider(metric_readers=[reader])
+        telemetry = configure(
+            registry=CollectorRegistry(),
+            span_exporters=[],
+            set_global=False,
+            gpu=False,
+            genai_metrics=True,
+            meter_provider=provider,
+        )
+        app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
+        with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
+            _stream(client, "m-given", 0.0)
+        assert semconv.OTEL_GEN_AI_SERVER_REQUEST_DURATION not in out.getvalue()
+        assert telemetry.force_flush(5000)
+        assert semconv.OTEL_GEN_AI_SERVER_REQUEST_DURATION in out.getvalue()
+        telemetry.shutdown()
+        assert not provider._shutdown
+        assert provider.force_flush(5000)
+        provider.shutdown()
 
 
 def _export(telemetry: Telemetry) -> None:
