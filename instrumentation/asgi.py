@@ -34,9 +34,8 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
-from stagelens import _compat
+from stagelens import _compat, tail_sampling
 from stagelens import semconv as sc
-from stagelens import tail_sampling
 from stagelens.config import Settings
 from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
