@@ -344,5 +344,28 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "series while nothing is rejected.",
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Traces kept by the tail sampler, by reason",
+                "percentunit",
+                [
+                    (
+                        f"sum by ({sc.LABEL_DECISION}, {sc.LABEL_REASON}) "
+                        f"(rate({sc.TRACE_DECISIONS}[{RATE}]))"
+                        f" / ignoring ({sc.LABEL_DECISION}, {sc.LABEL_REASON}) group_left "
+                        f"sum(rate({sc.TRACE_DECISIONS}[{RATE}]))",
+                        "{{decision}} {{reason}}",
+                    )
+                ],
+                stacked=True,
+                width=24,
+                description="Share of requests whose trace the tail sampler "
+                f"(OTEL_TRACES_SAMPLER={sc.TRACES_SAMPLER_TAIL}) kept, and why: error, "
+                "client_left, slow (against the SLO thresholds), parent (the caller sampled "
+                "it), ratio (the base ratio), exemplar; dropped fine is the rest, whose spans "
+                "were never built. All models (the decision has no model label); no series "
+                "under another sampler.",
+            )
+        )
         .build()
     )

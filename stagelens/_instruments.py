@@ -15,8 +15,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens import semconv_spec
 from stagelens._series import BillingSeries, ChildCache, ModelSeries
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
@@ -26,6 +26,7 @@ from stagelens.buckets import (
     ttft_buckets,
 )
 from stagelens.config import Settings
+from stagelens.tail_sampling import ExemplarSlots
 
 __all__ = ["Instruments"]
 
@@ -162,6 +163,19 @@ class Instruments:
                 registry=r,
             )
         )
+        self.trace_decisions = ChildCache(
+            Counter(
+                sc.TRACE_DECISIONS,
+                "Requests whose trace the tail sampler kept or dropped, by reason.",
+                _labels(sc.TRACE_DECISIONS),
+                registry=r,
+            )
+        )
+        self.exemplar_slots = (
+            ExemplarSlots(REQUEST_DURATION_BUCKETS) if _compat.in_process_values() else None
+        )
+        """The tail sampler's record of which duration buckets have a fresh kept trace
+        (None in multiprocess mode, whose files keep no exemplars: none is chosen)."""
         self.spans_dropped = ChildCache(
             Counter(
                 sc.SPANS_DROPPED,

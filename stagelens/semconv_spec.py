@@ -142,6 +142,9 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         sc.TELEMETRY_ERRORS, "counter", "errors", (sc.LABEL_COMPONENT,), (GATEWAY, VLLM_PLUGIN)
     ),
     MetricSpec(sc.SPANS_DROPPED, "counter", "spans", (sc.LABEL_REASON,), _GW),
+    MetricSpec(
+        sc.TRACE_DECISIONS, "counter", "requests", (sc.LABEL_DECISION, sc.LABEL_REASON), _GW
+    ),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),
@@ -423,6 +426,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "PHASE_": sc.LABEL_PHASE,
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
+    "DECISION_": sc.LABEL_DECISION,
     "SLI_": sc.LABEL_SLI,
     "PROMPT_SIZE_": sc.LABEL_PROMPT_SIZE,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,
