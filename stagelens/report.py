@@ -41,13 +41,17 @@ class Histogram:
     count: float = 0.0
     exact: list[float] | None = None
     """Every request's value (from its spans): percentiles are then exact."""
+    lowest: float | None = None
+    """The smallest value observed (``stagelens_histogram_min_seconds``), when exposed."""
+    highest: float | None = None
+    """The largest value observed (``stagelens_histogram_max_seconds``), when exposed."""
 
     def estimate(self, q: float) -> Estimate:
         """The ``q`` percentile and its error bound: exact (0.0) from ``exact``, else from
         the buckets (``stagelens.percentiles.from_buckets``)."""
         if self.exact:
             return Estimate(nearest_rank(self.exact, q), 0.0)
-        return from_buckets(self.buckets.items(), q)
+        return from_buckets(self.buckets.items(), q, self.lowest, self.highest)
 
     def quantile(self, q: float) -> float:
         """The value of ``estimate(q)``."""
@@ -87,6 +91,30 @@ def use_spans(hists: dict[tuple[str, str], Histogram], spans: Iterable[SpanRecor
     return sum(1 for key, hist in hists.items() if hist.use_exact(samples.get(key, [])))
 
 
+_READ: Final = (
+    sc.STAGE_DURATION,
+    sc.REQUEST_DURATION,
+    sc.TIME_TO_FIRST_TOKEN,
+    sc.INTER_TOKEN_LATENCY,
+)
+"""The histograms the report reads (summed over their other labels)."""
+
+
+def _extreme(
+    hists: dict[tuple[str, str], Histogram], gauge: str, labels: dict[str, str], value: float
+) -> None:
+    """Fold one extremes sample into its histogram: the least minimum, the largest maximum
+    over the series summed into it."""
+    name = labels.get(sc.LABEL_HISTOGRAM, "")
+    if name not in _READ:
+        return
+    hist = hists[(name, labels.get(sc.LABEL_STAGE, ""))]
+    if gauge == sc.HISTOGRAM_MIN:
+        hist.lowest = value if hist.lowest is None else min(hist.lowest, value)
+    else:
+        hist.highest = value if hist.highest is None else max(hist.highest, value)
+
+
 def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str, float]]:
     """Histograms by (metric, stage-or-empty) and stage budgets from exposition text."""
     hists: dict[tuple[str, str], Histogram] = defaultdict(lambda: Histogram({}))
@@ -97,7 +125,10 @@ def parse_metrics(text: str) -> tuple[dict[tuple[str, str], Histogram], dict[str
             if family.name == sc.STAGE_BUDGET:
                 budgets[labels.get(sc.LABEL_STAGE, "")] = value
                 continue
-            if family.name not in (sc.STAGE_DURATION, sc.REQUEST_DURATION, sc.TIME_TO_FIRST_TOKEN):
+            if family.name in (sc.HISTOGRAM_MIN, sc.HISTOGRAM_MAX):
+                _extreme(hists, family.name, labels, value)
+                continue
+            if family.name not in _READ:
                 continue
             key = (family.name, labels.get(sc.LABEL_STAGE, ""))
             hist = hists[key]

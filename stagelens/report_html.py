@@ -86,7 +86,6 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
     one span per request a histogram counted (``report.use_spans``)."""
     hists, budgets = parse_metrics(text)
     use_spans(hists, spans)
-    itl = Histogram({})
     tokens: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     cost: dict[str, float] = defaultdict(float)
     requests: dict[str, float] = defaultdict(float)
@@ -100,18 +99,12 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
                 cost[labels.get(sc.LABEL_TENANT, "")] += value
             elif sample.name == sc.REQUESTS:
                 requests[labels.get(sc.LABEL_CODE, "")] += value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_bucket":
-                bound = float(labels["le"])
-                itl.buckets[bound] = itl.buckets.get(bound, 0.0) + value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_count":
-                itl.count += value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_sum":
-                itl.total += value
+    itl = hists.get((sc.INTER_TOKEN_LATENCY, ""))
     return Figures(
         stages=stage_rows(hists, budgets),
         e2e=hists.get((sc.REQUEST_DURATION, "")),
         ttft=hists.get((sc.TIME_TO_FIRST_TOKEN, "")),
-        itl=itl if itl.count else None,
+        itl=itl if itl is not None and itl.count else None,
         tokens={t: dict(v) for t, v in tokens.items()},
         cost=dict(cost),
         requests=dict(requests),

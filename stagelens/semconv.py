@@ -563,3 +563,16 @@ GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
 """Name of an observable gauge the GenAI metrics register and that never observes anything:
 its callback, which the SDK runs at the start of every collection, folds the requests still
 queued, so each export has every finished request. Never exported (no data points)."""
+
+# The fastest and slowest value each gateway histogram series observed (issue 27): what
+# ``stagelens report`` narrows a percentile read from buckets with, so that it never lies
+# above the slowest request or below the fastest (``stagelens.percentiles``).
+LABEL_HISTOGRAM: Final = "histogram"
+"""Label of ``stagelens_histogram_min_seconds`` / ``_max_seconds``: the histogram's name."""
+HISTOGRAM_MIN: Final = "stagelens_histogram_min_seconds"
+"""Gauge {histogram, stage, phase, model, code}: the smallest value one series of a gateway
+histogram (named by ``histogram``, with that series' own labels) observed since the process
+started, as its ``_bucket`` counts run since then. Not exposed in multiprocess mode."""
+HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
+"""Gauge {histogram, stage, phase, model, code}: the largest value, as
+``stagelens_histogram_min_seconds``."""
