@@ -112,7 +112,11 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
 
 
 def _ms(seconds: float) -> str:
-    return "&ndash;" if math.isnan(seconds) else f"{seconds * 1000:,.2f}"
+    """As the text report's: three decimals below 1 ms, two above."""
+    if math.isnan(seconds):
+        return "&ndash;"
+    ms = seconds * 1000
+    return f"{ms:,.3f}" if abs(ms) < 1 else f"{ms:,.2f}"
 
 
 def _quantiles(hist: Histogram | None) -> str:
