@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
-from stagelens.dashboards.common import MODEL, base
+from stagelens.dashboards.common import MODEL, base, quantile_bound
 from stagelens.dashboards.panels import (
     NEUTRAL,
     bad_above,
@@ -20,6 +20,7 @@ from stagelens.dashboards.panels import (
 
 from stagelens import semconv as sc
 from stagelens.alert_rules import BURN_ALERTS
+from stagelens.buckets import TTFT_BUCKETS, TTFT_RANGE
 from stagelens.recording_rules import (
     BUDGET_REMAINING_RECORD,
     sli_error_ratio_record,
@@ -119,7 +120,8 @@ def slos(cfg: SloConfig) -> DashboardModel:
                 [(f"{ttft_p95_record(cfg.ttft_p95_window)}{{{MODEL}}}", "{{model}}")],
                 threshold_lines=bad_above(cfg.ttft_threshold_seconds),
                 description="StagelensTTFTP95High opens a ticket above "
-                f"{cfg.ttft_threshold_seconds:g}s (dashed) for {cfg.ttft_p95_for}.",
+                f"{cfg.ttft_threshold_seconds:g}s (dashed) for {cfg.ttft_p95_for}. "
+                f"{quantile_bound(TTFT_BUCKETS, *TTFT_RANGE)}",
             )
         )
     )
