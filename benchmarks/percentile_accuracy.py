@@ -16,8 +16,9 @@ working tree (after):
    (the reference gateway with the demo's config in front of the tiny vLLM on CPU, as
    ``benchmarks/sizing.py`` runs it), each side in a process of its own.
 3. **Fold cost per record**, in instructions counted by valgrind (``cachegrind
-   --cache-sim=no``): a process folding 2000 streamed requests' records minus one folding
-   none, divided by 2000, each side in a process of its own.
+   --cache-sim=no``): a process that builds 2000 streamed requests' records and folds
+   them, minus one that only builds them, divided by 2000; each side in a process of its
+   own.
 
 Why side by side: the figures of a loaded 2-core machine drift; the comparison is only
 fair run against run.
@@ -242,10 +243,11 @@ def scrape(former_tree: Path, revision: str, url: str | None, requests: int) -> 
 
 
 # -- 3. fold cost -------------------------------------------------------------------------
-def _fold_child(n: int) -> None:
-    """Fold ``n`` records shaped like a streamed demo request (seven stages, TTFT, 15
-    gaps, billing, three SLI verdicts) into a fresh registry, then scrape it once."""
-    from prometheus_client import CollectorRegistry, generate_latest
+def _fold_child(n: int, fold: bool) -> None:
+    """Build ``n`` records shaped like a streamed demo request (seven stages, TTFT, 15
+    gaps, billing, three SLI verdicts) and, with ``fold``, fold them into a fresh
+    registry: the difference between the two is the fold's cost alone."""
+    from prometheus_client import CollectorRegistry
 
     from stagelens._instruments import BillingRecord, Instruments, RequestRecord, StageTimes
     from stagelens.config import Settings
@@ -267,19 +269,19 @@ def _fold_child(n: int) -> None:
         )
         for i in range(n)
     ]
-    registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
-    for record in records:
-        instruments.submit(record)
-    instruments.fold()
-    generate_latest(registry)
+    instruments = Instruments(CollectorRegistry(), Settings())
+    instruments.for_model("tiny")  # bound in both runs: binding is no per-record cost
+    if fold:
+        for record in records:
+            instruments.submit(record)
+        instruments.fold()
 
 
-def _instructions(n: int, tree: Path | None) -> int:
+def _instructions(mode: str, tree: Path | None) -> int:
     with tempfile.TemporaryDirectory() as work:
         out = Path(work) / "cachegrind.out"
         prefix = ("valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={out}")
-        text = _child(["--child-fold", str(n)], tree, prefix)
+        text = _child(["--child-fold", str(FOLD_RECORDS), mode], tree, prefix)
     found = re.search(r"I\s+refs:\s+([\d,]+)", text)
     if found is None:
         raise SystemExit(f"no instruction count from valgrind:\n{text[-2000:]}")
@@ -287,9 +289,9 @@ def _instructions(n: int, tree: Path | None) -> int:
 
 
 def fold_cost(former_tree: Path, revision: str) -> None:
-    print(f"3. fold cost per record (valgrind; {FOLD_RECORDS} records minus none)")
+    print(f"3. fold cost per record (valgrind; {FOLD_RECORDS} records folded minus built)")
     for side, tree in {revision: former_tree, "this tree": None}.items():
-        per = (_instructions(FOLD_RECORDS, tree) - _instructions(0, tree)) / FOLD_RECORDS
+        per = (_instructions("fold", tree) - _instructions("build", tree)) / FOLD_RECORDS
         print(f"   {side:12s} {per / 1000:8.1f} k instructions per record")
     print()
 
@@ -301,20 +303,22 @@ def main() -> int:
     parser.add_argument("--vllm-url", default=None)
     parser.add_argument("--no-stack", action="store_true", help="skip part 2 (needs vLLM)")
     parser.add_argument("--no-valgrind", action="store_true", help="skip part 3")
+    parser.add_argument("--only-valgrind", action="store_true", help="part 3 alone")
     parser.add_argument("--child-scrape", nargs=3, metavar=("URL", "MODEL", "N"))
-    parser.add_argument("--child-fold", type=int, metavar="N")
+    parser.add_argument("--child-fold", nargs=2, metavar=("N", "MODE"))
     args = parser.parse_args()
     if args.child_scrape:
         url, model, n = args.child_scrape
         _scrape_child(url, model, int(n))
         return 0
     if args.child_fold is not None:
-        _fold_child(args.child_fold)
+        _fold_child(int(args.child_fold[0]), args.child_fold[1] == "fold")
         return 0
-    accuracy(_buckets_of(args.against))
+    if not args.only_valgrind:
+        accuracy(_buckets_of(args.against))
     with tempfile.TemporaryDirectory() as work:
         former_tree = _export(args.against, Path(work))
-        if not args.no_stack:
+        if not (args.no_stack or args.only_valgrind):
             scrape(former_tree, args.against, args.vllm_url, args.requests)
         if not args.no_valgrind:
             if shutil.which("valgrind") is None:
