@@ -19,7 +19,7 @@ generate:
 	$(PY) -m stagelens.cli slo render --out alerts
 	$(PY) -m stagelens.dashboards.build --out dashboards
 	$(PY) -m stagelens.dashboards.deploy --out deploy
-	$(PY) -m stagelens.telemetry_docs --out docs/telemetry.md
+	$(PY) -m stagelens.views.telemetry_docs --out docs/telemetry.md
 
 drift: generate
 	git diff --exit-code -- dashboards alerts deploy docs/telemetry.md

@@ -144,9 +144,9 @@ async def _whole(gateway: str, count: int) -> None:
 def _prometheus(gateway_metrics: str, vllm_url: str, tmp: Path) -> Iterator[Any]:
     """Prometheus with the generated recording rules scraping the gateway and vLLM."""
     sys.path.insert(0, str(ROOT))
-    from stagelens.alert_rules import dump_yaml
-    from stagelens.recording_rules import render_rules
-    from stagelens.slo import SloConfig
+    from stagelens.slo.alert_rules import dump_yaml
+    from stagelens.slo.config import SloConfig
+    from stagelens.slo.recording_rules import render_rules
     from tests._promstack import prom_stack
 
     rules = tmp / "rules.yaml"

@@ -124,7 +124,7 @@ def histogram_quantile(q: float, cumulative: Sequence[tuple[float, float]]) -> f
 
 def accuracy(former: types.ModuleType) -> None:
     from stagelens import buckets
-    from stagelens.percentiles import from_buckets, nearest_rank
+    from stagelens.views.percentiles import from_buckets, nearest_rank
 
     print("1. worst relative error against the exact (nearest-rank) percentile;")
     print(f"   {len(DISTRIBUTIONS)} shapes x {SIZES} requests x {SEEDS} seeds per family")

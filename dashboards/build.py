@@ -1,7 +1,7 @@
 """Build every stagelens dashboard from the SLO config: ``python -m stagelens.dashboards.build``.
 
 Why code: the queries use the metric names from ``stagelens.semconv`` and the thresholds from
-``stagelens.slo`` (the same config the alerts are rendered from), so a renamed metric or a new
+``stagelens.slo.config`` (the same config the alerts are rendered from), so a renamed metric or a
 threshold changes dashboards and alerts together. Output is sorted-key JSON with stable uids;
 CI regenerates it and fails on any diff. Each dashboard is written twice: the plain file
 (file provisioning, kube-prometheus-stack sidecar, UI import with a ``datasource`` variable)
@@ -24,7 +24,7 @@ from stagelens.dashboards.request_path import request_path
 from stagelens.dashboards.slos import slos
 from stagelens.dashboards.tokens_cost import tokens_cost
 
-from stagelens.slo import SloConfig, load_slo_config
+from stagelens.slo.config import SloConfig, load_slo_config
 
 OUT_DIR: Final = Path(__file__).resolve().parent
 

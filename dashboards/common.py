@@ -23,7 +23,7 @@ from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
 from stagelens.buckets import worst_ratio
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 
 TAGS: Final = ["stagelens", "llm"]
 LATENCY_EXEMPLARS: Final = True

@@ -18,9 +18,9 @@ from stagelens.dashboards.build import DASHBOARDS, dump_json, to_dict
 from stagelens.dashboards.k8s import monitors, stack
 
 from stagelens import semconv as sc
-from stagelens.alert_rules import BlockDumper, render_alerts
-from stagelens.recording_rules import render_rules
-from stagelens.slo import SloConfig, load_slo_config
+from stagelens.slo.alert_rules import BlockDumper, render_alerts
+from stagelens.slo.config import SloConfig, load_slo_config
+from stagelens.slo.recording_rules import render_rules
 
 PART_OF: Final = {"app.kubernetes.io/part-of": "stagelens"}
 

@@ -23,7 +23,7 @@ from stagelens.dashboards.common import (
 from stagelens.dashboards.panels import RATE, timeseries_panel
 
 from stagelens import semconv as sc
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 
 
 def _hit_rate() -> str:

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import yaml
 
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 
 PART_OF: Final = {"app.kubernetes.io/part-of": "stagelens"}
 NAME_LABEL: Final = "app.kubernetes.io/name"

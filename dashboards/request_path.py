@@ -34,7 +34,7 @@ from stagelens.dashboards.panels import (
 from stagelens import buckets
 from stagelens import semconv as sc
 from stagelens.buckets import worst_ratio
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage
 
 INFERENCE: Final = Stage.INFERENCE.value

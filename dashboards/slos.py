@@ -19,14 +19,14 @@ from stagelens.dashboards.panels import (
 )
 
 from stagelens import semconv as sc
-from stagelens.alert_rules import BURN_ALERTS
 from stagelens.buckets import TTFT_BUCKETS, TTFT_RANGE
-from stagelens.recording_rules import (
+from stagelens.slo.alert_rules import BURN_ALERTS
+from stagelens.slo.config import SLIS, SloConfig
+from stagelens.slo.recording_rules import (
     BUDGET_REMAINING_RECORD,
     sli_error_ratio_record,
     ttft_p95_record,
 )
-from stagelens.slo import SLIS, SloConfig
 
 SLI_TITLES = {
     sc.SLI_AVAILABILITY: "Availability",

@@ -22,12 +22,12 @@ from stagelens.dashboards.panels import (
 )
 
 from stagelens import semconv as sc
-from stagelens.recording_rules import (
+from stagelens.slo.config import SloConfig
+from stagelens.slo.recording_rules import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     cost_projected_record,
 )
-from stagelens.slo import SloConfig
 
 USD_PER_HOUR: Final = "suffix: USD/h"
 TOKENS_PER_SECOND: Final = "suffix: tokens/s"

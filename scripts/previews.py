@@ -5,7 +5,7 @@ budgets of a realistic size for this traffic, ``stagelens gpu-exporter`` on the 
 fake (this machine has no GPU), and real Prometheus with the generated rules scraping all of
 them; sends mixed traffic (streamed and not, both served models, prefix-sharing prompts,
 answers of varied length, a few rejections), then draws every dashboard from Prometheus with
-``stagelens.previews``. Costs about 20 minutes of a CPU; run it by hand, never in CI:
+``stagelens.views.previews``. Costs about 20 minutes of a CPU; run it by hand, never in CI:
 
     .venv/bin/python scripts/previews.py [--minutes 16] [--out docs/previews]
 """
@@ -34,10 +34,10 @@ from stagelens.reference.tinymodel import ensure_tiny_model  # noqa: E402
 from stagelens.reference.vllm_server import VllmServer  # noqa: E402
 
 import stagelens  # noqa: E402
-from stagelens.alert_rules import dump_yaml, render_alerts  # noqa: E402
-from stagelens.previews import render_previews  # noqa: E402
-from stagelens.recording_rules import render_rules  # noqa: E402
-from stagelens.slo import SloConfig  # noqa: E402
+from stagelens.slo.alert_rules import dump_yaml, render_alerts  # noqa: E402
+from stagelens.slo.config import SloConfig  # noqa: E402
+from stagelens.slo.recording_rules import render_rules  # noqa: E402
+from stagelens.views.previews import render_previews  # noqa: E402
 from tests._promstack import prom_stack  # noqa: E402
 
 TENANTS = {"sk-acme": "acme", "sk-globex": "globex", "sk-initech": "initech"}

@@ -113,7 +113,7 @@ class FastHistogram:
         self.lowest = inf
         """The smallest value observed (``inf`` before the first): with ``highest``, what
         narrows a percentile read from the buckets to the values really seen (exposed as
-        ``stagelens_histogram_min_seconds`` / ``_max_seconds``, ``stagelens.percentiles``)."""
+        ``stagelens_histogram_min_seconds`` / ``_max_seconds``, ``stagelens.views.percentiles``)."""
         self.highest = -inf
         """The largest value observed (``-inf`` before the first)."""
 

@@ -17,7 +17,7 @@ MAX_BUCKET_RATIO: Final = 1.2
 """The largest ratio of two neighbouring bounds inside each family's working range.
 
 Why 1.2: a value known only to lie in a bucket ``[a, b]`` can be named within a relative
-error of ``(b - a) / (b + a)`` of any value there (``stagelens.percentiles``), 9.1 % at
+error of ``(b - a) / (b + a)`` of any value there (``stagelens.views.percentiles``), 9.1 % at
 1.2, so every percentile ``stagelens report`` reads from buckets is within 10 %. Prometheus's
 ``histogram_quantile`` interpolates linearly instead: at most ``b / a - 1`` (20 %) off when
 the requests bunch at one edge of a bucket, a few percent on spread-out latencies

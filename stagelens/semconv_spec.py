@@ -1,7 +1,7 @@
 """What each name in ``stagelens.semconv`` is: kind, unit, labels or attributes, emitter.
 
 Why a table beside the constants: the constants say what a name *is called*; the
-generated reference (``docs/telemetry.md``, ``python -m stagelens.telemetry_docs``) and the
+generated reference (``docs/telemetry.md``, ``python -m stagelens.views.telemetry_docs``) and the
 tests also need what it *is* (a counter in tokens with labels model, tenant and type), in a
 form a program reads, not prose. Meanings stay in the constants' docstrings, once.
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from stagelens import prometheus_server
+from stagelens.slo import prometheus_server
 
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
@@ -142,7 +142,7 @@ def prom_stack(
     webhook_url: str,
 ) -> Iterator[PromStack]:
     """Start Alertmanager and Prometheus (1 s scrape and evaluation, exemplar storage on, as
-    ``stagelens.prometheus_server`` says) scraping ``targets``.
+    ``stagelens.slo.prometheus_server`` says) scraping ``targets``.
 
     ``ports`` = (prometheus, alertmanager, alertmanager cluster); ``targets`` maps job name to
     ``host:port``. Both processes are killed on exit.

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from stagelens.reference.ledger import LEDGER_URL_ENV
+from stagelens.reference.ledger_url import LEDGER_URL_ENV
 from stagelens.reference.vllm_server import VllmServer
 
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver

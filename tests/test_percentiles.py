@@ -28,12 +28,12 @@ from stagelens.reference.trace_receiver import decode_request
 from stagelens import buckets, semconv, stage
 from stagelens._instruments import Instruments, RequestRecord, StageTimes
 from stagelens.config import Settings
-from stagelens.percentiles import ERROR_TARGET, from_buckets, in_bucket, nearest_rank
-from stagelens.report import render_table
-from stagelens.report_html import read_figures, render_page
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.testing import capture_telemetry
-from stagelens.traces import SpanRecord
+from stagelens.views.percentiles import ERROR_TARGET, from_buckets, in_bucket, nearest_rank
+from stagelens.views.report import render_table
+from stagelens.views.report_html import read_figures, render_page
+from stagelens.views.traces import SpanRecord
 
 Draw = Callable[[random.Random, float, float], float]
 

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stagelens import semconv
-from stagelens.report_html import read_figures, redact_url, render_page, write_report
-from stagelens.traces import SpanRecord
-from stagelens.waterfall import build
+from stagelens.views.report_html import read_figures, redact_url, render_page, write_report
+from stagelens.views.traces import SpanRecord
+from stagelens.views.waterfall import build
 
 METRICS = """\
 # TYPE stagelens_tokens_total counter
@@ -115,7 +115,7 @@ class TestTraceSources:
         self, tmp_path, port_factory, monkeypatch
     ) -> None:
         """The demo's receiver not running: the page is written and says why no trace."""
-        import stagelens.report_html as report_html
+        import stagelens.views.report_html as report_html
 
         monkeypatch.setattr(
             report_html, "DEFAULT_TRACE_SOURCE", f"http://127.0.0.1:{port_factory()}"
@@ -134,7 +134,7 @@ class TestTraceSources:
         """--trace-file draws its slowest trace, or the one --trace-id names."""
         import json
 
-        from stagelens.traces import to_otlp_json
+        from stagelens.views.traces import to_otlp_json
 
         fast = [SpanRecord("b" * 32, "3" * 16, "", "fast", 0, 10)]
         path = tmp_path / "spans.json"

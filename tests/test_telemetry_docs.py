@@ -15,7 +15,7 @@ import pytest
 
 from stagelens import semconv
 from stagelens import semconv_spec as spec
-from stagelens import telemetry_docs as td
+from stagelens.views import telemetry_docs as td
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "telemetry.md"
@@ -37,7 +37,7 @@ class TestGeneratedFile:
     def test_header_says_how_to_regenerate(self) -> None:
         """The file's head names the command that rewrites it."""
         head = DOC.read_text().split("##", 1)[0]
-        assert "python -m stagelens.telemetry_docs --out docs/telemetry.md" in head
+        assert "python -m stagelens.views.telemetry_docs --out docs/telemetry.md" in head
         assert "make generate" in head
 
     def test_every_name_constant_appears(self) -> None:

@@ -20,7 +20,7 @@ from stagelens.reference.trace_receiver import TraceReceiver, TraceStore
 
 from stagelens.cli import main
 from stagelens.errors import TraceSourceError
-from stagelens.traces import fetch_trace, list_traces
+from stagelens.views.traces import fetch_trace, list_traces
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ class TestReceiver:
 
     def test_store_is_bounded(self) -> None:
         """Past max_traces the oldest trace is forgotten; a trace keeps max spans."""
-        from stagelens.traces import SpanRecord
+        from stagelens.views.traces import SpanRecord
 
         store = TraceStore(max_traces=2, max_spans_per_trace=2)
         for t in range(3):

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from stagelens import semconv
 from stagelens.errors import TraceSourceError
-from stagelens.traces import (
+from stagelens.views.traces import (
     SpanRecord,
     from_otlp_json,
     load_trace_file,
@@ -22,7 +22,7 @@ from stagelens.traces import (
     summarize,
     to_otlp_json,
 )
-from stagelens.waterfall import bar_cells, build, format_ms, render_text
+from stagelens.views.waterfall import bar_cells, build, format_ms, render_text
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 

@@ -30,7 +30,8 @@ from stagelens.reference.flow import (
     complete,
     embed,
 )
-from stagelens.reference.ledger import TenantUsage, open_ledger, resolve_url
+from stagelens.reference.ledger import TenantUsage
+from stagelens.reference.ledger_url import open_ledger, resolve_url
 from stagelens.reference.pipeline import Pool, Router, SafetyCheck, blocklist_classifier
 from stagelens.reference.policy import ApiKeyAuth, BodyLimit
 from stagelens.reference.ratelimit import RedisTokenBucket, rate_limiter

@@ -288,7 +288,7 @@ def _show(
     if not args.no_traffic:
         _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
         asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
-        from stagelens.report import fetch, render_table
+        from stagelens.views.report import fetch, render_table
 
         # The spans first: with every request's spans received the table's percentiles are
         # the exact ones of those requests, not bucket estimates.
@@ -404,7 +404,7 @@ def _print_prometheus(path: Path, metrics: str, backends: list[str], workers: in
     Prometheus on it, with exemplar storage (the latency buckets' trace ids)."""
     from urllib.parse import urlsplit
 
-    from stagelens import prometheus_server
+    from stagelens.slo import prometheus_server
 
     jobs = {
         prometheus_server.GATEWAY_JOB: [urlsplit(metrics).netloc],

@@ -29,8 +29,8 @@ from stagelens.exporters.otlp import span_exporters_from_env
 from stagelens.reference.trace_receiver import TraceReceiver
 
 from stagelens.telemetry import Telemetry
-from stagelens.traces import DEFAULT_TRACE_SOURCE, SpanRecord
-from stagelens.waterfall import build, format_ms, render_text
+from stagelens.views.traces import DEFAULT_TRACE_SOURCE, SpanRecord
+from stagelens.views.waterfall import build, format_ms, render_text
 
 DEFAULT_TRACE_PORT: Final = int(urlsplit(DEFAULT_TRACE_SOURCE).port or 4318)
 """The receiver's port when no endpoint is configured (the OTLP/HTTP default, 4318)."""

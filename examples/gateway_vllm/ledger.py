@@ -1,7 +1,7 @@
 """The per-tenant usage ledger behind ``GET /v1/usage``, in a real database.
 
 Why a database: a ledger in process memory is lost on every restart, and with several
-workers each one answers with its own share. One URL picks the engine:
+workers each one answers with its own share. One URL picks the engine (``ledger_url``):
 
 - ``sqlite:///ABSOLUTE/PATH`` (the default, under ``$XDG_STATE_HOME/stagelens``): one file
   shared by all the workers of one machine, in WAL mode, written in ``BEGIN IMMEDIATE``
@@ -18,8 +18,6 @@ psycopg's asyncio connections.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import sqlite3
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,11 +26,6 @@ from pathlib import Path
 from typing import Final, Protocol
 
 import anyio.to_thread
-
-from stagelens.errors import ConfigurationError
-
-LEDGER_URL_ENV: Final = "STAGELENS_LEDGER_URL"
-"""Where the ledger lives when the gateway config names no ``ledger_url``."""
 
 TABLE: Final = "stagelens_usage"
 """One row per tenant: running totals."""
@@ -73,44 +66,6 @@ class Ledger(Protocol):
 
     async def close(self) -> None:
         """Finish pending writes and disconnect."""
-
-
-def default_url() -> str:
-    """``sqlite:///`` + ``$XDG_STATE_HOME/stagelens/ledger.sqlite3`` (``~/.local/state``)."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return "sqlite:///" + str(Path(state, "stagelens", "ledger.sqlite3")).lstrip("/")
-
-
-def resolve_url(configured: str | None) -> str:
-    """The ledger URL: the gateway config's, else ``$STAGELENS_LEDGER_URL``, else the
-    default SQLite file."""
-    return configured or os.environ.get(LEDGER_URL_ENV) or default_url()
-
-
-def redact(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for messages and logs)."""
-    return re.sub(r"(://[^/:@]*:)[^/@]*@", r"\1***@", url)
-
-
-def open_ledger(url: str) -> Ledger:
-    """The ledger for ``url`` (nothing is connected yet). ConfigurationError for a scheme
-    other than ``sqlite://``, ``postgresql://`` or ``postgres://``."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme == "sqlite":
-        path = url.split("://", 1)[1]
-        if not path.startswith("/"):
-            raise ConfigurationError(
-                f"ledger URL {redact(url)!r}: the SQLite path must be absolute "
-                "(sqlite:///var/lib/stagelens/ledger.sqlite3)"
-            )
-        return SqliteLedger(Path(path))
-    if scheme in ("postgresql", "postgres"):
-        from stagelens.reference.ledger_postgres import PostgresLedger
-
-        return PostgresLedger(url)
-    raise ConfigurationError(
-        f"ledger URL {redact(url)!r}: expected sqlite:///PATH or postgresql://..."
-    )
 
 
 Entry = tuple[str, TenantUsage]

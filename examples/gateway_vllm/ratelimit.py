@@ -24,7 +24,7 @@ from typing import Any, Final
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
-from stagelens.reference.ledger import redact
+from stagelens.reference.ledger_url import redact
 from stagelens.reference.policy import SCOPE_KEY, TokenBucketLimiter, rate_limited
 
 from stagelens.errors import ConfigurationError

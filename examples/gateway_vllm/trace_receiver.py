@@ -4,7 +4,7 @@ when no collector is configured, and what ``stagelens trace`` asks.
 Why in the demo: without it a new user's spans, the product's core, go nowhere. It speaks
 the real protocol (``POST /v1/traces``, protobuf decoded with ``opentelemetry-proto``,
 gzip or deflate bodies), so the gateway exports to it exactly as it would to a collector,
-and it answers a query API in OTLP/JSON (``stagelens.traces``):
+and it answers a query API in OTLP/JSON (``stagelens.views.traces``):
 
 - ``GET /api/traces/<trace id>``: the trace's spans, 404 when unknown;
 - ``GET /api/traces?order=slowest|recent&limit=N``: trace summaries.
@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from stagelens.traces import (
+from stagelens.views.traces import (
     SERVICE_NAME,
     TRACE_API_PATH,
     AttributeValue,

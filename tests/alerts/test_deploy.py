@@ -13,9 +13,9 @@ import yaml
 from stagelens.dashboards.deploy import write_all
 from stagelens.dashboards.k8s import GATEWAY, VLLM, VLLM_FLAGS, backend_urls, gateway_config
 
-from stagelens.alert_rules import render_alerts
-from stagelens.recording_rules import render_rules
-from stagelens.slo import SloConfig, slo_config_from_mapping
+from stagelens.slo.alert_rules import render_alerts
+from stagelens.slo.config import SloConfig, slo_config_from_mapping
+from stagelens.slo.recording_rules import render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -189,7 +189,7 @@ class TestWiring:
     def test_urls_are_secrets(self) -> None:
         """The ledger and Redis URLs reach the gateway from the Secret, under the names the
         reference gateway reads, never as plain env."""
-        from stagelens.reference.ledger import LEDGER_URL_ENV
+        from stagelens.reference.ledger_url import LEDGER_URL_ENV
         from stagelens.reference.ratelimit import REDIS_URL_ENV
 
         (deployment,) = [d for d in _docs("stack.yaml") if d["kind"] == "Deployment"]

@@ -10,20 +10,18 @@ import pytest
 import yaml
 
 from stagelens import semconv as sc
-from stagelens.alert_rules import (
+from stagelens.cli import main
+from stagelens.cli.slo import write_rule_files
+from stagelens.errors import ConfigurationError
+from stagelens.slo.alert_rules import (
     ALERTS_FILE,
     ALL_ALERTS,
     RULES_FILE,
     RUNBOOK_FILE,
     dump_yaml,
     render_alerts,
-    write_rule_files,
 )
-from stagelens.cli import main
-from stagelens.errors import ConfigurationError
-from stagelens.recording_rules import render_rules
-from stagelens.runbook import DASHBOARD_UIDS, render_runbook, runbook_entries
-from stagelens.slo import (
+from stagelens.slo.config import (
     SLIS,
     SloConfig,
     duration_seconds,
@@ -31,6 +29,8 @@ from stagelens.slo import (
     load_slo_config,
     slo_config_from_mapping,
 )
+from stagelens.slo.recording_rules import render_rules
+from stagelens.slo.runbook import DASHBOARD_UIDS, render_runbook, runbook_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,8 +15,8 @@ from stagelens.dashboards import build
 from stagelens.dashboards.panels import DATASOURCE_VAR, ROW_ORDER_LEGEND
 
 from stagelens import semconv as sc
-from stagelens.recording_rules import render_rules
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
+from stagelens.slo.recording_rules import render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = ROOT / "dashboards"
@@ -306,6 +306,6 @@ class TestLint:
 
 def test_previews_hide_the_same_row_order_query() -> None:
     """previews.py (no grafana SDK import) names the hidden row-order legend as panels.py does."""
-    from stagelens import previews
+    from stagelens.views import previews
 
     assert previews.ROW_ORDER_LEGEND == ROW_ORDER_LEGEND

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stagelens import semconv as sc
-from stagelens.slo import SloConfig
+from stagelens.slo.config import SloConfig
 from tests.dashboards.test_dashboards import (
     PROMTOOL,
     _concrete,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stagelens import previews
+from stagelens.views import previews
 
 
 class TestUnits:

@@ -20,7 +20,7 @@ from stagelens.reference.demo_traces import ENDPOINT_ENV, DemoTraces
 
 from stagelens import configure, semconv
 from stagelens.cli import main
-from stagelens.waterfall import DEFAULT_BAR_WIDTH
+from stagelens.views.waterfall import DEFAULT_BAR_WIDTH
 
 pytestmark = pytest.mark.vllm
 

@@ -37,11 +37,11 @@ from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 import stagelens
-from stagelens import alert_rules as ar
 from stagelens import semconv as sc
-from stagelens.alert_rules import dump_yaml, render_alerts
-from stagelens.recording_rules import render_rules
-from stagelens.slo import BurnWindow, SloConfig
+from stagelens.slo import alert_rules as ar
+from stagelens.slo.alert_rules import dump_yaml, render_alerts
+from stagelens.slo.config import BurnWindow, SloConfig
+from stagelens.slo.recording_rules import render_rules
 from tests._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
 
 ROOT = Path(__file__).resolve().parents[2]

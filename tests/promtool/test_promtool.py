@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stagelens.alert_rules import ALERTS_FILE, ALL_ALERTS, RULES_FILE
+from stagelens.slo.alert_rules import ALERTS_FILE, ALL_ALERTS, RULES_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

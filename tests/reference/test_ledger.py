@@ -18,13 +18,8 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stagelens.reference.ledger import (
-    GroupCommit,
-    TenantUsage,
-    default_url,
-    open_ledger,
-    resolve_url,
-)
+from stagelens.reference.ledger import GroupCommit, TenantUsage
+from stagelens.reference.ledger_url import default_url, open_ledger, resolve_url
 
 from stagelens.errors import ConfigurationError
 
@@ -33,7 +28,8 @@ pytestmark = pytest.mark.anyio
 WRITER = textwrap.dedent(
     """
     import asyncio, sys
-    from stagelens.reference.ledger import TenantUsage, open_ledger
+    from stagelens.reference.ledger import TenantUsage
+    from stagelens.reference.ledger_url import open_ledger
 
     async def main(url, n):
         ledger = open_ledger(url)

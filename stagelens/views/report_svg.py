@@ -15,8 +15,8 @@ from html import escape
 from typing import Final
 
 from stagelens import semconv as sc
-from stagelens.traces import STATUS_ERROR
-from stagelens.waterfall import Waterfall, format_ms
+from stagelens.views.traces import STATUS_ERROR
+from stagelens.views.waterfall import Waterfall, format_ms
 
 STAGE_COLOURS: Final = {
     "gateway": "#4e79a7",

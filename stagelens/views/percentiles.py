@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
 from stagelens import semconv as sc
-from stagelens.traces import SpanRecord, group_by_trace
+from stagelens.views.traces import SpanRecord, group_by_trace
 
 ERROR_TARGET: Final = 0.10
 """The relative error every printed percentile keeps: a bucket estimate is placed where

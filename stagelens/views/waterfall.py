@@ -20,7 +20,7 @@ from typing import Final
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
 from stagelens import semconv as sc
-from stagelens.traces import STATUS_ERROR, SpanRecord
+from stagelens.views.traces import STATUS_ERROR, SpanRecord
 
 DEFAULT_BAR_WIDTH: Final = 48
 """Character cells of the text bar (the whole trace)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from stagelens import semconv as sc
-from stagelens.slo import SloConfig, duration_seconds
+from stagelens.slo.config import SloConfig, duration_seconds
 
 Rule = dict[str, Any]
 

@@ -1,6 +1,6 @@
 """Generate ``docs/telemetry.md``, the reference of every name stagelens emits.
 
-    python -m stagelens.telemetry_docs --out docs/telemetry.md     (or: make generate)
+    python -m stagelens.views.telemetry_docs --out docs/telemetry.md     (or: make generate)
 
 Why generated: the names live in ``stagelens/semconv.py`` (value and meaning, in each
 constant's docstring) and their shape in ``stagelens/semconv_spec.py`` (kind, unit, labels,
@@ -158,7 +158,7 @@ _HEADER: Final = """\
 *Generated from [`stagelens/semconv.py`](../stagelens/semconv.py) (names and meanings) and
 [`stagelens/semconv_spec.py`](../stagelens/semconv_spec.py) (kinds, units, labels,
 attributes). Do not edit by hand: regenerate with `make generate` (that is,
-`python -m stagelens.telemetry_docs --out docs/telemetry.md`); `make drift` fails when this
+`python -m stagelens.views.telemetry_docs --out docs/telemetry.md`); `make drift` fails when this
 file differs from a fresh run.*
 
 Every name below is a `Final` constant in `stagelens/semconv.py`, its one definition.
@@ -357,7 +357,7 @@ def render() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the reference to ``--out`` (stdout without it); 1 when a spec is missing."""
-    parser = argparse.ArgumentParser(prog="python -m stagelens.telemetry_docs")
+    parser = argparse.ArgumentParser(prog="python -m stagelens.views.telemetry_docs")
     parser.add_argument("--out", type=Path, default=None, help="file to write")
     args = parser.parse_args(argv)
     problems = missing_specs()

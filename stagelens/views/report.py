@@ -1,34 +1,29 @@
-"""``stagelens report --metrics-url URL``: the per-stage latency table of any instrumented
-service, read from its ``/metrics``; with ``--html FILE`` a page to attach to a ticket
-(``stagelens.report_html``).
+"""The per-stage latency table of any instrumented service, read from its ``/metrics``
+exposition text (``stagelens report``; the page for a ticket is ``report_html``).
 
 Why from ``/metrics`` first: it works against any running service with no collector.
 Why traces too: a histogram only knows which bucket a request fell in, so a percentile
 read from it is approximate (and Prometheus's ``histogram_quantile`` can print a p95 above
 the slowest request); where a trace source holds the spans of every request the
 histogram counted, the percentiles are the exact ones of those requests. Each figure says
-which it is, and how far off it may be (``stagelens.percentiles``).
+which it is, and how far off it may be (``stagelens.views.percentiles``).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from stagelens import semconv as sc
-from stagelens.errors import TraceSourceError
-from stagelens.percentiles import Estimate, from_buckets, nearest_rank, span_samples
 from stagelens.stages import STAGE_ORDER
-from stagelens.traces import DEFAULT_TRACE_SOURCE, SpanRecord, fetch_traces, load_trace_file
+from stagelens.views.percentiles import Estimate, from_buckets, nearest_rank, span_samples
+from stagelens.views.traces import SpanRecord
 
 
 @dataclass
@@ -48,7 +43,7 @@ class Histogram:
 
     def estimate(self, q: float) -> Estimate:
         """The ``q`` percentile and its error bound: exact (0.0) from ``exact``, else from
-        the buckets (``stagelens.percentiles.from_buckets``)."""
+        the buckets (``stagelens.views.percentiles.from_buckets``)."""
         if self.exact:
             return Estimate(nearest_rank(self.exact, q), 0.0)
         return from_buckets(self.buckets.items(), q, self.lowest, self.highest)
@@ -253,78 +248,7 @@ def fetch(url: str, timeout: float = 10.0) -> str:
     return body.decode()
 
 
-def add_parser(subparsers: Any) -> None:
-    """``stagelens report``."""
-    parser = subparsers.add_parser(
-        "report",
-        help="print the per-stage latency table from a service's /metrics, or write a page",
-    )
-    parser.add_argument(
-        "--metrics-url",
-        required=True,
-        help="e.g. http://127.0.0.1:9464/metrics (the demo gateway's internal metrics port)",
-    )
-    parser.add_argument(
-        "--html",
-        metavar="FILE",
-        default=None,
-        help="write one self-contained HTML page (stage table, TTFT and ITL distributions, "
-        "the slowest trace's waterfall, tokens and cost by tenant) instead",
-    )
-    parser.add_argument(
-        "--traces",
-        metavar="URL",
-        default=None,
-        help="trace source (a receiver's query API; default: the running demo's, "
-        "http://127.0.0.1:4318, when it answers): percentiles are exact where it holds the "
-        "spans of every counted request, and --html draws its slowest trace",
-    )
-    parser.add_argument(
-        "--trace-file", type=Path, default=None, help="or OTLP/JSON spans from this file"
-    )
-    parser.add_argument(
-        "--trace-id", default=None, help="draw this trace instead of the slowest one"
-    )
-    parser.set_defaults(func=_run)
-
-
-def figure_spans(args: argparse.Namespace, requests: int) -> list[SpanRecord]:
-    """Spans for exact figures: ``--trace-file``, else ``--traces`` (an error there
-    raises ``TraceSourceError``), else the demo's receiver if it answers (nothing if not).
-    At most ``requests`` + 1 traces are read: more than one per counted request could
-    never match the histograms."""
-    if args.trace_file is not None:
-        return load_trace_file(args.trace_file)
-    if requests <= 0:
-        return []
-    try:
-        return fetch_traces(args.traces or DEFAULT_TRACE_SOURCE, requests + 1)
-    except TraceSourceError:
-        if args.traces is not None:
-            raise
-        return []
-
-
 def requests_counted(text: str) -> int:
     """How many requests the end-to-end histogram counted."""
     e2e = parse_metrics(text)[0].get((sc.REQUEST_DURATION, ""))
     return round(e2e.count) if e2e is not None else 0
-
-
-def _run(args: argparse.Namespace) -> int:
-    try:
-        text = fetch(args.metrics_url)
-    except OSError as exc:
-        print(f"stagelens report: cannot read {args.metrics_url}: {exc}")
-        return 1
-    try:
-        spans = figure_spans(args, requests_counted(text))
-    except TraceSourceError as exc:
-        print(f"stagelens report: {exc}", file=sys.stderr)
-        return 1
-    if args.html is not None:
-        from stagelens.report_html import write_report
-
-        return write_report(args, text, spans)
-    print(render_table(text, spans))
-    return 0

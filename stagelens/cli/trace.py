@@ -1,8 +1,8 @@
 """``stagelens trace TRACE_ID``: print the waterfall of a trace the running demo received.
 
 Why a query over HTTP: the spans live in the demo's process (its OTLP receiver); this
-command asks the receiver's query API (``stagelens.traces``) and prints what
-``stagelens.waterfall`` makes of the answer, the same rows the demo printed.
+command asks the receiver's query API (``stagelens.views.traces``) and prints what
+``stagelens.views.waterfall`` makes of the answer, the same rows the demo printed.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from stagelens.errors import TraceSourceError
-from stagelens.traces import (
+from stagelens.views.traces import (
     DEFAULT_TRACE_SOURCE,
     fetch_trace,
     group_by_trace,
@@ -24,7 +24,7 @@ from stagelens.traces import (
     summarize,
     to_otlp_json,
 )
-from stagelens.waterfall import DEFAULT_BAR_WIDTH, build, format_ms, render_text
+from stagelens.views.waterfall import DEFAULT_BAR_WIDTH, build, format_ms, render_text
 
 
 def add_parser(subparsers: Any) -> None:

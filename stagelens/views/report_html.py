@@ -5,7 +5,7 @@ inter-token latency distributions, the slowest trace's waterfall, and tokens and
 tenant. Why self-contained: a page attached to a ticket is opened later, elsewhere, maybe
 offline; so the CSS and the SVG charts are inline, and there is no script and no URL to
 fetch. Why no prompt or completion text: the figures come from ``/metrics`` (no text
-there) and the waterfall shows names, times and token counts only (``stagelens.waterfall``).
+there) and the waterfall shows names, times and token counts only (``stagelens.views.waterfall``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stagelens import semconv as sc
 from stagelens.errors import TraceSourceError
-from stagelens.report import (
+from stagelens.views.report import (
     Histogram,
     StageRow,
     bound_label,
@@ -33,8 +33,8 @@ from stagelens.report import (
     stage_rows,
     use_spans,
 )
-from stagelens.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
-from stagelens.traces import (
+from stagelens.views.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
+from stagelens.views.traces import (
     DEFAULT_TRACE_SOURCE,
     SpanRecord,
     fetch_trace,
@@ -44,7 +44,7 @@ from stagelens.traces import (
     normalize_trace_id,
     slowest,
 )
-from stagelens.waterfall import Waterfall, build
+from stagelens.views.waterfall import Waterfall, build
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;

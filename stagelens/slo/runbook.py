@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from stagelens import alert_rules as ar
 from stagelens import semconv as sc
-from stagelens.recording_rules import (
+from stagelens.slo import alert_rules as ar
+from stagelens.slo.config import SloConfig
+from stagelens.slo.recording_rules import (
     BILLED_TOKENS_RECORD,
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
@@ -30,7 +31,6 @@ from stagelens.recording_rules import (
     stage_latency_record,
     ttft_p95_record,
 )
-from stagelens.slo import SloConfig
 
 REQUEST_PATH: Final = "stagelens / Request path"
 TOKENS_COST: Final = "stagelens / Tokens and cost"

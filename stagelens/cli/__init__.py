@@ -1,8 +1,9 @@
 """The ``stagelens`` console script: one entry point, one module per subcommand.
 
-Why a table of modules: each subcommand (demo, report, gpu-exporter, slo, ...) lives beside
-the code it drives and is imported only when chosen, so ``stagelens --help`` stays fast and
-a missing optional extra breaks only the subcommand that needs it, with a clear message.
+Why a table of modules: each subcommand (report, trace, gpu-exporter, slo, ...) is a module
+of this package (the demo's stays with the reference stack it starts) and is imported only
+when chosen, so ``stagelens --help`` stays fast and a missing optional extra breaks only the
+subcommand that needs it, with a clear message.
 
 A subcommand module exposes ``add_parser(subparsers)``, which adds its parser and sets
 ``func`` (``Callable[[argparse.Namespace], int]``) as a default.
@@ -21,11 +22,11 @@ from stagelens.errors import StageLensError
 
 SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.reference.demo",
-    "stagelens.report",
-    "stagelens.trace_command",
-    "stagelens.gpu_exporter_cli",
-    "stagelens.alert_rules",
-    "stagelens.previews",
+    "stagelens.cli.report",
+    "stagelens.cli.trace",
+    "stagelens.cli.gpu_exporter",
+    "stagelens.cli.slo",
+    "stagelens.cli.previews",
 )
 """Modules that contribute a subcommand, in help order."""
 
@@ -58,7 +59,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Finished spans as plain data, in and out of OTLP/JSON, and read from a trace source.
 
-Why plain data and OTLP/JSON: the waterfall (``stagelens.waterfall``), ``stagelens trace``
+Why plain data and OTLP/JSON: the waterfall (``stagelens.views.waterfall``), ``stagelens trace``
 and ``stagelens report --html`` read spans that some other process received (the demo's
 OTLP receiver, a file), so they need a form that crosses a process boundary without the
 SDK's span classes. OTLP/JSON is the standard one: the receiver answers in it and

@@ -1,0 +1,7 @@
+"""SLO generation: the one SLO config and what it renders for Prometheus.
+
+Why a package of its own: none of this runs on a request. It turns ``SloConfig``
+(``config``) into recording rules (``recording_rules``), alerts (``alert_rules``), the
+runbook (``runbook``) and the Prometheus flags and scrape config the rules need
+(``prometheus_server``). It imports only the runtime core; the dashboards read it.
+"""
