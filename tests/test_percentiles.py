@@ -9,12 +9,16 @@ the text the report prints and from the HTML page, as a reader would read them.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import math
 import random
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,13 +31,16 @@ from stagelens.reference.trace_receiver import decode_request
 
 from stagelens import buckets, semconv, stage
 from stagelens._instruments import Instruments, RequestRecord, StageTimes
+from stagelens.cli import report as cli_report
+from stagelens.cli.report import figure_spans
 from stagelens.config import Settings
+from stagelens.errors import TraceSourceError
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.testing import capture_telemetry
 from stagelens.views.percentiles import ERROR_TARGET, from_buckets, in_bucket, nearest_rank
-from stagelens.views.report import render_table
+from stagelens.views.report import render_table, requests_counted
 from stagelens.views.report_html import read_figures, render_page
-from stagelens.views.traces import SpanRecord
+from stagelens.views.traces import SpanRecord, to_otlp_json
 
 Draw = Callable[[random.Random, float, float], float]
 
@@ -374,3 +381,37 @@ class TestServedRequests:
                 continue
             return
         pytest.fail(failure)
+
+
+class TestTraceSourceChoice:
+    """Where ``stagelens report`` takes the spans for exact figures from."""
+
+    @staticmethod
+    def _args(**given: Any) -> argparse.Namespace:
+        return argparse.Namespace(**{"traces": None, "trace_file": None, **given})
+
+    def test_a_trace_file_gives_exact_figures(self, tmp_path: Path) -> None:
+        """Spans saved as OTLP/JSON make the printed table exact, as the live source does."""
+        text, spans = _serve("uniform", n=12)
+        path = tmp_path / "spans.json"
+        path.write_text(json.dumps(to_otlp_json(spans)))
+        loaded = figure_spans(self._args(trace_file=path), requests_counted(text))
+        assert requests_counted(text) == 12
+        assert _table(render_table(text, loaded))["end-to-end"][2] == "exact"
+
+    def test_no_demo_running_falls_back_to_buckets(self, monkeypatch) -> None:
+        """The demo's receiver not answering is no error: the figures come from buckets."""
+        monkeypatch.setattr(cli_report, "DEFAULT_TRACE_SOURCE", f"http://127.0.0.1:{_port()}")
+        assert figure_spans(self._args(), 5) == []
+
+    def test_a_named_source_that_fails_is_an_error(self) -> None:
+        """A source the user named that does not answer is reported, not ignored."""
+        with pytest.raises(TraceSourceError):
+            figure_spans(self._args(traces=f"http://127.0.0.1:{_port()}"), 5)
+
+
+def _port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
