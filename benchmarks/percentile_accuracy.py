@@ -249,8 +249,9 @@ def _fold_child(n: int, fold: bool) -> None:
     registry: the difference between the two is the fold's cost alone."""
     from prometheus_client import CollectorRegistry
 
-    from stagelens._instruments import BillingRecord, Instruments, RequestRecord, StageTimes
     from stagelens.config import Settings
+    from stagelens.record import BillingRecord, RequestRecord, StageTimes
+    from stagelens.telemetry import recording_for
 
     rng = random.Random(0)
     stages = ("gateway", "load_balancer", "tokenizer", "router", "inference", "postprocess")
@@ -269,12 +270,12 @@ def _fold_child(n: int, fold: bool) -> None:
         )
         for i in range(n)
     ]
-    instruments = Instruments(CollectorRegistry(), Settings())
-    instruments.for_model("tiny")  # bound in both runs: binding is no per-record cost
+    recording = recording_for(CollectorRegistry(), Settings())
+    recording.instruments.for_model("tiny")  # bound in both runs: no per-record cost
     if fold:
         for record in records:
-            instruments.submit(record)
-        instruments.fold()
+            recording.fold.submit(record)
+        recording.fold.fold()
 
 
 def _instructions(mode: str, tree: Path | None) -> int:

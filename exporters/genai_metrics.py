@@ -54,7 +54,6 @@ from opentelemetry.util.types import AttributeValue
 from stagelens.exporters.otlp import OtlpMetricsPipeline
 
 from stagelens import semconv as sc
-from stagelens._instruments import Instruments, RequestRecord
 from stagelens._version import __version__
 from stagelens.buckets import (
     GEN_AI_CLIENT_TOKEN_USAGE_BUCKETS,
@@ -62,7 +61,9 @@ from stagelens.buckets import (
     GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN_BUCKETS,
     GEN_AI_SERVER_TIME_TO_FIRST_TOKEN_BUCKETS,
 )
+from stagelens.fold import Fold
 from stagelens.genai_call import GenAICall
+from stagelens.record import RequestRecord
 from stagelens.telemetry import Telemetry
 
 __all__ = [
@@ -116,7 +117,11 @@ def _usable(value: float) -> bool:
 
 
 class GenAIMetrics:
-    """The four GenAI histograms on one meter provider, and the sink recording batches."""
+    """The four GenAI histograms on one meter provider: a sink of the fold (``RequestSink``),
+    beside the Prometheus one."""
+
+    needs_genai = True
+    """Records must carry their upstream call (``RequestRecord.genai``)."""
 
     def __init__(
         self,
@@ -184,7 +189,13 @@ class GenAIMetrics:
                     self._on_error(exc)
         return ()
 
-    def record(self, batch: list[RequestRecord]) -> None:
+    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
+        """``RequestSink.write``: ``record`` the batch. Its failures are counted as the
+        GenAI metrics' own (``on_error``), so none is returned to the fold."""
+        self.record(batch)
+        return []
+
+    def record(self, batch: Sequence[RequestRecord]) -> None:
         """Record every request of ``batch`` that made a GenAI call; never raises. A record
         that fails costs only itself, counted through ``on_error``."""
         for record in batch:
@@ -261,7 +272,7 @@ class GenAIMetrics:
         return name in self._response_models
 
 
-_ENABLED: weakref.WeakKeyDictionary[Instruments, GenAIMetrics] = weakref.WeakKeyDictionary()
+_ENABLED: weakref.WeakKeyDictionary[Fold, GenAIMetrics] = weakref.WeakKeyDictionary()
 _ENABLED_LOCK = threading.Lock()
 
 
@@ -281,9 +292,9 @@ def enable_genai_metrics(
     when ``settings.genai_metrics_exponential`` (or ``views``). Either way the requests
     still queued are folded at the start of every collection. Raises ConfigurationError /
     DependencyMissingError for bad ``OTEL_*`` settings (at start-up, never on a request)."""
-    instruments = telemetry.instruments
+    fold = telemetry.fold
     with _ENABLED_LOCK:
-        found = _ENABLED.get(instruments)
+        found = _ENABLED.get(fold)
         if found is not None:
             return found
         report = telemetry.report_error
@@ -307,9 +318,9 @@ def enable_genai_metrics(
             meter_provider,
             max_response_models=telemetry.settings.max_models,
             on_error=on_error,
-            before_collect=instruments.fold,
+            before_collect=fold.fold,
         )
         metrics.pipeline = pipeline
-        instruments.add_sink(metrics.record)
-        _ENABLED[instruments] = metrics
+        fold.add_sink(metrics)
+        _ENABLED[fold] = metrics
         return metrics

@@ -10,7 +10,7 @@ is left out of that scrape (reported to ``on_error``) while the others are serve
 The layers below: ``nvml_read`` (NVML calls -> ``GpuSample``) and ``nvml_sampler``
 (``GpuReader``: session, backoff, background GPM/process sampler). The OpenTelemetry
 ``hw.*`` variant over the same reader is ``gpu_otel``; the standalone exporter is the
-``stagelens gpu-exporter`` subcommand (``stagelens/gpu_exporter_cli.py``).
+``stagelens gpu-exporter`` subcommand (``stagelens/cli/gpu_exporter.py``).
 """
 
 from __future__ import annotations

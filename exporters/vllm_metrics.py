@@ -22,13 +22,13 @@ from typing import Final
 from opentelemetry.metrics import MeterProvider
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from stagelens.exporters.otlp import OtlpMetricsPipeline
+from stagelens.exporters.vllm_stats import IterationSample, SchedulerSample
 
 from stagelens import semconv as sc
 from stagelens._compat import SyncGauge
 from stagelens._failures import FailureReporter
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.config import env_flag
-from stagelens.engine_stats import IterationSample, SchedulerSample
 
 logger = logging.getLogger("stagelens.vllm")
 

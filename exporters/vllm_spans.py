@@ -29,11 +29,11 @@ from prometheus_client import CollectorRegistry
 from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_env
 from stagelens.exporters.vllm_metrics import SERVICE_NAME, optional_counter
+from stagelens.exporters.vllm_stats import FinishedRequest
 
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
 from stagelens._version import __version__
-from stagelens.engine_stats import FinishedRequest
 
 logger = logging.getLogger("stagelens.vllm")
 

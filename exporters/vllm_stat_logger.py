@@ -7,8 +7,8 @@ KV-cache usage, running and waiting requests, preemptions, and each finished req
 queue/prefill/decode time (plus the API server's ``frontend`` share of vLLM's e2e latency).
 
 The shape is vLLM's own ``v1/metrics``: the stats are read into plain data by one adapter
-(``stagelens.engine_stats``, like vLLM's ``stats.py``), and this logger only hands them to
-the exporters: the metrics (``vllm_metrics``: vLLM's ``/metrics``, and OTLP when asked) and
+(``vllm_stats``, like vLLM's ``stats.py``), and this logger only hands them to the
+exporters: the metrics (``vllm_metrics``: vLLM's ``/metrics``, and OTLP when asked) and
 the engine spans (``vllm_spans``, ``STAGELENS_VLLM_TRACES=1``).
 
 ``record()`` runs on vLLM's output-handling event loop and does O(1) work per scheduler
@@ -35,16 +35,16 @@ from stagelens.exporters.vllm_metrics import (
     register_gpu_collector_once,
 )
 from stagelens.exporters.vllm_spans import ENV_TRACES, EngineSpans, engine_spans
-from vllm.v1.metrics.loggers import StatLoggerBase
-
-from stagelens import semconv as sc
-from stagelens.config import env_flag
-from stagelens.engine_stats import (
+from stagelens.exporters.vllm_stats import (
     IterationSample,
     SchedulerSample,
     read_iteration,
     read_scheduler,
 )
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from stagelens import semconv as sc
+from stagelens.config import env_flag
 
 logger = logging.getLogger("stagelens.vllm")
 

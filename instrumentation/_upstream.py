@@ -121,7 +121,7 @@ class _UpstreamCall(EventReader):
                 inference = state.inference = InferenceFacts()
             inference.calls += 1
             state.streamed = state.streamed or stream
-            if telemetry.instruments.sinks:  # the GenAI metrics are on
+            if telemetry.fold.needs_genai:  # the GenAI metrics are on
                 url = request.url
                 state.genai = GenAICall(operation, stream, url.host, url.port)
         self._inference = inference

@@ -35,8 +35,8 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import semconv as sc
-from stagelens._instruments import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.config import Settings
+from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
@@ -361,7 +361,7 @@ class _RequestTracker:
         settings = telemetry.settings
         try:
             phases = state.phases
-            telemetry.instruments.submit(
+            telemetry.fold.submit(
                 RequestRecord(
                     model=model,
                     code=code_label,
@@ -407,7 +407,7 @@ class _RequestTracker:
         assert state is not None
         root = state.root_span
         if root.is_recording():
-            attributes: dict[str, Any] = {"http.response.status_code": code}  # one call
+            attributes: dict[str, Any] = {sc.HTTP_RESPONSE_STATUS_CODE: code}  # one call
             route = self._scope.get("route")
             route_path = getattr(route, "path", None)
             if isinstance(route_path, str):
@@ -415,7 +415,7 @@ class _RequestTracker:
                 if method not in self._mw.known_methods:
                     method = sc.HTTP_SPAN_NAME_OTHER
                 root.update_name(f"{method} {route_path}")
-                attributes["http.route"] = route_path
+                attributes[sc.HTTP_ROUTE] = route_path
             if ttft is not None:
                 attributes[sc.ATTR_TTFT] = ttft
             root.set_attributes(attributes)
@@ -531,17 +531,17 @@ def known_http_methods() -> frozenset[str]:
 def _server_attributes(scope: Scope, method: str, known: bool) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         sc.HTTP_REQUEST_METHOD: method if known else sc.HTTP_METHOD_OTHER,
-        "url.path": scope.get("path", ""),
-        "url.scheme": scope.get("scheme", "http"),
+        sc.URL_PATH: scope.get("path", ""),
+        sc.URL_SCHEME: scope.get("scheme", "http"),
     }
     if not known:
         attributes[sc.HTTP_REQUEST_METHOD_ORIGINAL] = method
     server = scope.get("server")
     if server:
-        attributes["server.address"] = str(server[0])
+        attributes[sc.SERVER_ADDRESS] = str(server[0])
         if server[1] is not None:
-            attributes["server.port"] = int(server[1])
+            attributes[sc.SERVER_PORT] = int(server[1])
     client = scope.get("client")
     if client:
-        attributes["client.address"] = str(client[0])
+        attributes[sc.CLIENT_ADDRESS] = str(client[0])
     return attributes

@@ -26,8 +26,8 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
-from stagelens._instruments import BillingRecord
 from stagelens.pricing import Usage
+from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry

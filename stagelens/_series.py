@@ -16,31 +16,19 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from functools import partial
 from math import inf, isnan
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.samples import Exemplar
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens.record import ExemplarRef
 
 if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
 _Child = Any  # prometheus_client label children are untyped in its public API
-
-
-class ExemplarRef(NamedTuple):
-    """The sampled trace of one finished request: what its observations' exemplars name.
-
-    Ids as integers and the time as read: the hex labels are formatted only for the few
-    observations that end up kept (the latest per bucket), never per request."""
-
-    trace_id: int
-    span_id: int
-    """The request's root span."""
-    timestamp: float
-    """When the request ended (``time.time()``), the exemplar's timestamp."""
 
 
 Candidates = list[tuple[float, ExemplarRef]]

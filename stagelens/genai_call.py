@@ -4,7 +4,7 @@ Why a record of its own: the gateway series are labelled by model and code only,
 GenAI semantic conventions describe each request by its operation (``chat``, ...), its
 streaming, the model the engine answered with and the engine's address. The upstream
 instrumentation learns these; they ride to the fold on the request's ``RequestRecord``, and
-only when a GenAI sink is installed (``Instruments.add_sink``), so that with the GenAI
+only when a GenAI sink is installed (``RequestSink.needs_genai``), so that with the GenAI
 metrics off nothing is built.
 """
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Final
 from opentelemetry import trace
 
 from stagelens import semconv as sc
-from stagelens._instruments import BillingRecord, StageTimes
 from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
+from stagelens.record import BillingRecord, StageTimes
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:

@@ -1,4 +1,5 @@
-"""The wiring one instrumented app records into: tracer, instruments, prices, label bounds.
+"""The wiring one instrumented app records into: tracer, the fold and its sinks, prices,
+label bounds.
 
 Why an object and not module globals: tests and multi-app processes need isolated
 providers and registries; the middleware, ``stage()`` and the upstream instrumentation
@@ -10,21 +11,72 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+import weakref
+from typing import Any, NamedTuple
 
 from opentelemetry import trace
 from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
-from stagelens._instruments import Instruments, instruments_for
+from stagelens._instruments import Instruments
 from stagelens._version import __version__
 from stagelens.config import Settings, load_settings
+from stagelens.errors import ConfigurationError
+from stagelens.fold import FOLD_EVERY, Fold
 from stagelens.model_labels import ModelLabels
 from stagelens.pricing import PriceTable
+from stagelens.prometheus_sink import FoldOnCollect, PrometheusSink
 from stagelens.tenants import TenantLimiter
 
 logger = logging.getLogger("stagelens")
+
+
+class Recording(NamedTuple):
+    """What one registry's requests are recorded through: the fold every finished request
+    is submitted to, and the Prometheus instruments of its first sink."""
+
+    fold: Fold
+    instruments: Instruments
+
+
+_BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, Recording] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def recording_for(registry: CollectorRegistry, settings: Settings) -> Recording:
+    """The registry's fold and instruments, created on first use: the fold, a collector
+    that folds on every collection (registered before the series, so that a scrape folds,
+    then reads them), the instruments, and the Prometheus sink as the fold's first sink.
+    Further sinks (the GenAI metrics) are added to the same fold.
+
+    Raises ConfigurationError when a second caller asks for different TTFT buckets on the
+    same registry (the histogram cannot change buckets once created).
+    """
+    with _LOCK:
+        found = _BY_REGISTRY.get(registry)
+        if found is None:
+            holder: list[Instruments] = []
+
+            def count_failures(n: int) -> None:
+                holder[0].telemetry_errors.get(sc.COMPONENT_METRICS).inc(n)
+
+            # In multiprocess mode the scrape reads every worker's files, which a fold in
+            # this process cannot precede: each record is handed over at once there.
+            every = FOLD_EVERY if _compat.in_process_values() else 1
+            fold = Fold(every=every, count_failures=count_failures)
+            registry.register(FoldOnCollect(fold))
+            holder.append(Instruments(registry, settings))
+            fold.add_sink(PrometheusSink(holder[0]))
+            found = _BY_REGISTRY[registry] = Recording(fold, holder[0])
+        elif found.instruments.ttft_threshold != settings.ttft_slo_threshold_seconds:
+            raise ConfigurationError(
+                "this registry already has TTFT buckets for threshold "
+                f"{found.instruments.ttft_threshold}s; use a separate registry for "
+                f"{settings.ttft_slo_threshold_seconds}s"
+            )
+        return found
 
 
 class Telemetry:
@@ -48,7 +100,10 @@ class Telemetry:
         self.exposition_registry = (
             exposition_registry if exposition_registry is not None else self.registry
         )
-        self.instruments: Instruments = instruments_for(self.registry, self.settings)
+        recording = recording_for(self.registry, self.settings)
+        self.fold: Fold = recording.fold
+        """Where the middleware submits each finished request (``stagelens.record``)."""
+        self.instruments: Instruments = recording.instruments
         if prices is None:
             prices = (
                 PriceTable.load(self.settings.price_table)

@@ -15,16 +15,13 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.samples import Exemplar
 
 from stagelens import _compat, semconv
-from stagelens._instruments import (
-    FOLD_EVERY,
-    ExemplarRef,
-    Instruments,
-    RequestRecord,
-    StageTimes,
-)
 from stagelens._series import exemplar_labels
 from stagelens.buckets import REQUEST_DURATION_BUCKETS, STAGE_DURATION_BUCKETS, ttft_buckets
 from stagelens.config import Settings
+from stagelens.fold import FOLD_EVERY
+from stagelens.prometheus_sink import PrometheusSink
+from stagelens.record import ExemplarRef, RequestRecord, StageTimes
+from stagelens.telemetry import recording_for
 
 _HISTOGRAMS = (
     (semconv.TIME_TO_FIRST_TOKEN, {"model": "m"}),
@@ -115,11 +112,11 @@ class TestLatestPerBucket:
             for i, (a, b, c, sampled) in enumerate(requests)
         ]
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
+        fold = recording_for(registry, Settings()).fold
         for i, record in enumerate(records, start=1):
-            instruments.submit(record)
+            fold.submit(record)
             if i % scrape_every == 0:
-                instruments.fold()
+                fold.fold()
         want = _replayed(records)
         for name, labels in _HISTOGRAMS:
             got = _exemplars(registry, name, **labels)
@@ -139,11 +136,11 @@ class TestLatestPerBucket:
         """Requests without a sampled trace leave their buckets without exemplar, and one
         landing in a bucket after a sampled request leaves that request's exemplar."""
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
-        instruments.submit(_record(0.45, 1.0, 0.002, _ref(1)))
-        instruments.submit(_record(0.45, 1.0, 0.002, None))  # same buckets, sampled out
-        instruments.submit(_record(4.0, 30.0, 1.5, None))  # buckets of its own
-        instruments.fold()
+        fold = recording_for(registry, Settings()).fold
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, 1.0, 0.002, None))  # same buckets, sampled out
+        fold.submit(_record(4.0, 30.0, 1.5, None))  # buckets of its own
+        fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
         assert list(ttft) == ["0.5"]
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
@@ -155,12 +152,12 @@ class TestLatestPerBucket:
     def test_an_exemplar_outlives_batches_without_sampled_requests(self) -> None:
         """A fold of sampled-out requests only keeps the exemplars of earlier folds."""
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
-        instruments.submit(_record(0.45, 1.0, 0.002, _ref(7)))
-        instruments.fold()
+        fold = recording_for(registry, Settings()).fold
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(7)))
+        fold.fold()
         for _ in range(FOLD_EVERY):
-            instruments.submit(_record(0.45, 1.0, 0.002, None))
-        instruments.fold()
+            fold.submit(_record(0.45, 1.0, 0.002, None))
+        fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
         assert ttft["0.5"].labels[semconv.EXEMPLAR_TRACE_ID] == f"{_ref(7).trace_id:032x}"
 
@@ -168,10 +165,10 @@ class TestLatestPerBucket:
         """A record left out of the fold (a value that is not a number) gives no exemplar,
         though its other values would have been valid."""
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
-        instruments.submit(_record(0.45, 1.0, 0.002, _ref(1)))
-        instruments.submit(_record(0.45, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
-        instruments.fold()
+        fold = recording_for(registry, Settings()).fold
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
+        fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
 
@@ -179,8 +176,8 @@ class TestLatestPerBucket:
         """The OpenMetrics text shows the exemplar on the bucket the value fell in, with
         the W3C hex ids, the value and the request's end time."""
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
-        instruments.submit(_record(0.45, 1.0, 0.002, _ref(0)))
+        fold = recording_for(registry, Settings()).fold
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(0)))
         text = openmetrics(registry).decode()
         line = next(
             row
@@ -204,10 +201,12 @@ class TestMultiprocess:
         aggregated exposition has no exemplar."""
         monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
         monkeypatch.setattr(values, "ValueClass", values.get_value_class())
-        instruments = Instruments(CollectorRegistry(), Settings())
-        assert not instruments._keep_exemplars
+        fold = recording_for(CollectorRegistry(), Settings()).fold
+        sink = fold.sinks[0]
+        assert isinstance(sink, PrometheusSink)
+        assert not sink._keep_exemplars
         for i in range(3):
-            instruments.submit(_record(0.3, 1.0, 0.002, _ref(i)))
+            fold.submit(_record(0.3, 1.0, 0.002, _ref(i)))
         served = CollectorRegistry()
         mp.MultiProcessCollector(served)
         labels = {"model": "m"}

@@ -12,16 +12,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from stagelens import buckets, semconv
-from stagelens._instruments import (
-    FOLD_EVERY,
-    BillingRecord,
-    ExemplarRef,
-    Instruments,
-    PhaseTimes,
-    RequestRecord,
-    StageTimes,
-)
 from stagelens.config import Settings
+from stagelens.fold import FOLD_EVERY
+from stagelens.record import BillingRecord, ExemplarRef, PhaseTimes, RequestRecord, StageTimes
+from stagelens.telemetry import recording_for
 
 
 def _record(model: str = "m", **changes: Any) -> RequestRecord:
@@ -48,10 +42,10 @@ def test_request_records_are_folded_before_every_collection() -> None:
     """A record is visible at the next scrape, with every series it feeds, however few
     requests were queued."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
-    instruments.submit(_record())
-    instruments.submit(_record())
-    assert len(instruments._pending) == 2  # fewer than FOLD_EVERY: still queued
+    fold = recording_for(registry, Settings()).fold
+    fold.submit(_record())
+    fold.submit(_record())
+    assert len(fold._pending) == 2  # fewer than FOLD_EVERY: still queued
 
     def value(name: str, **labels: str) -> float | None:
         return _value(registry, name, **labels)
@@ -65,19 +59,19 @@ def test_request_records_are_folded_before_every_collection() -> None:
     tokens = semconv.TOKENS
     assert value(tokens, model="m", tenant="acme", type="cached_input") == 256.0
     assert value(semconv.COST_USD, model="m", tenant="acme") == pytest.approx(0.0008)
-    assert not instruments._pending
+    assert not fold._pending
 
 
 def test_sli_verdicts_are_counted_per_model_and_sli() -> None:
     """Each verdict of each record counts one request of its SLI and model, and one error
     when bad; a good verdict binds the error series at 0."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold = recording_for(registry, Settings()).fold
     good = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, False))
     slow = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, True))
     for model, verdicts in [("a", good), ("a", slow), ("b", good), ("a", slow), ("b", ())]:
-        instruments.submit(_record(model, verdicts=verdicts))
-    instruments.fold()
+        fold.submit(_record(model, verdicts=verdicts))
+    fold.fold()
     got = {
         (model, sli): (
             _value(registry, semconv.SLI_REQUESTS, model=model, sli=sli),
@@ -99,21 +93,21 @@ def test_sli_verdicts_are_counted_per_model_and_sli() -> None:
 def test_a_rejection_is_counted_by_the_fold() -> None:
     """A record naming the stage that rejected it counts one rejection of that stage."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold = recording_for(registry, Settings()).fold
     for _ in range(3):
-        instruments.submit(_record(code="429", ttft=None, gaps=[], rejected_by="gateway"))
-    instruments.fold()
+        fold.submit(_record(code="429", ttft=None, gaps=[], rejected_by="gateway"))
+    fold.fold()
     got = _value(registry, semconv.REJECTIONS, stage="gateway", model="m", code="429")
     assert got == 3.0
 
 
 def test_request_records_stay_bounded_without_scrapes() -> None:
     """Nobody scrapes: the queue is folded every FOLD_EVERY records, never grows."""
-    instruments = Instruments(CollectorRegistry(), Settings())
+    fold, instruments = recording_for(CollectorRegistry(), Settings())
     most = 0
     for _ in range(10 * FOLD_EVERY + 3):
-        instruments.submit(_record())
-        most = max(most, len(instruments._pending))
+        fold.submit(_record())
+        most = max(most, len(fold._pending))
     assert most < FOLD_EVERY
     child = instruments.requests.get("m", "200")
     assert child._value.get() == 10 * FOLD_EVERY  # folded without any collection
@@ -139,16 +133,16 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
     every series it feeds, none of the bad one's figures do (not even those before the bad
     value), and the failure is counted once and logged once."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold = recording_for(registry, Settings()).fold
     good = FOLD_EVERY - 1
     caplog.set_level(logging.WARNING, logger="stagelens")
     for i in range(FOLD_EVERY):
         if i == 7:
             record = _record(**_BAD[bad]) if _BAD[bad] else cast("RequestRecord", ("m", "200"))
-            instruments.submit(record)
+            fold.submit(record)
         else:
-            instruments.submit(_record())
-    assert not instruments._pending  # the FOLD_EVERY-th submit folded the batch, once
+            fold.submit(_record())
+    assert not fold._pending  # the FOLD_EVERY-th submit folded the batch, once
 
     def value(name: str, **labels: str) -> float | None:
         return _value(registry, name, **labels)
@@ -174,7 +168,7 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     from stagelens._series import FastHistogram
 
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold, instruments = recording_for(registry, Settings())
     broken = instruments.for_model("m").ttft()
     observe_many = FastHistogram.observe_many
 
@@ -185,7 +179,7 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
 
     monkeypatch.setattr(FastHistogram, "observe_many", failing)
     for _ in range(FOLD_EVERY):
-        instruments.submit(_record())
+        fold.submit(_record())
     assert _value(registry, f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") in (None, 0.0)
     assert _value(registry, semconv.REQUESTS, model="m", code="200") == FOLD_EVERY
     assert _value(registry, f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * FOLD_EVERY
@@ -198,13 +192,13 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
 def test_bad_records_are_each_counted_and_logged_once(caplog) -> None:
     """Every bad record is counted, in any batch; the log line is written once."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold = recording_for(registry, Settings()).fold
     caplog.set_level(logging.WARNING, logger="stagelens")
     for _ in range(2):
         for _ in range(3):
-            instruments.submit(_record(ttft="x"))
-        instruments.submit(_record())
-        instruments.fold()
+            fold.submit(_record(ttft="x"))
+        fold.submit(_record())
+        fold.fold()
     assert _value(registry, semconv.REQUESTS, model="m", code="200") == 2.0
     assert _value(registry, semconv.TELEMETRY_ERRORS, component="metrics") == 6.0
     assert sum("recording request metrics failed" in r.message for r in caplog.records) == 1
@@ -220,7 +214,7 @@ def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> No
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     code = "\n".join(
         (
-            "from stagelens._instruments import PhaseTimes, RequestRecord, StageTimes",
+            "from stagelens.record import PhaseTimes, RequestRecord, StageTimes",
             's = StageTimes([("gateway", 0.1)])',
             'p = PhaseTimes([("queue", 0.1)])',
             'RequestRecord("m", "200", 1.0, None, [], stages=s, phases=p, rejected_by=None,'
@@ -241,7 +235,7 @@ def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
     """A failure whose message quotes a record's value (a model name a client sent, looked
     up in a dict) is logged by its type alone: the name never reaches the log."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold, instruments = recording_for(registry, Settings())
     caplog.set_level(logging.WARNING, logger="stagelens")
     secret = "sk-live-DO-NOT-LOG"
     real = instruments.for_model
@@ -253,7 +247,7 @@ def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
 
     monkeypatch.setattr(instruments, "for_model", for_model)
     for i in range(FOLD_EVERY):
-        instruments.submit(_record(model=secret) if i == 3 else _record())
+        fold.submit(_record(model=secret) if i == 3 else _record())
     logged = [r.getMessage() for r in caplog.records if "request metrics" in r.getMessage()]
     assert len(logged) == 1
     assert "KeyError" in logged[0]
@@ -378,10 +372,10 @@ def test_a_fold_equals_each_value_observed_one_by_one(records: list[RequestRecor
     folding it writes what observing each of its values through prometheus-client's public
     API writes: same series, same bucket counts, sums equal up to float rounding."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
+    fold = recording_for(registry, Settings()).fold
     for record in records:
-        instruments.submit(record)
-    instruments.fold()
+        fold.submit(record)
+    fold.fold()
     got, want = _samples(registry), _samples(_reference(records))
     for key in got.keys() | want.keys():  # a series bound at 0 in one only: no matter
         assert got.get(key, 0.0) == pytest.approx(want.get(key, 0.0), rel=1e-9, abs=1e-9), key

@@ -3,7 +3,7 @@ reference stack <- cli. No import circles anywhere, a ``TYPE_CHECKING`` import a
 
 Read from the source (every ``import``, lazy and type-checking ones included), not from
 what happens to be imported at run time, so that an import added inside a function is
-caught as well. The layers and their folders are described in the README's layout section.
+caught as well. The layers and their folders are described in docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -30,12 +30,13 @@ from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.reference.trace_receiver import decode_request
 
 from stagelens import buckets, semconv, stage
-from stagelens._instruments import Instruments, RequestRecord, StageTimes
 from stagelens.cli import report as cli_report
 from stagelens.cli.report import figure_spans
 from stagelens.config import Settings
 from stagelens.errors import TraceSourceError
+from stagelens.record import RequestRecord, StageTimes
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
+from stagelens.telemetry import recording_for
 from stagelens.testing import capture_telemetry
 from stagelens.views.percentiles import ERROR_TARGET, from_buckets, in_bucket, nearest_rank
 from stagelens.views.report import render_table, requests_counted
@@ -160,9 +161,9 @@ class TestPrintedAgainstTheRequests:
         never below the fastest, and says it was read from buckets."""
         records = list(_requests(DISTRIBUTIONS[shape], n, seed=n))
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
+        fold = recording_for(registry, Settings()).fold
         for record in records:
-            instruments.submit(record)
+            fold.submit(record)
         text = generate_latest(registry).decode()
         truth = {
             "end-to-end": [r.duration for r in records],
@@ -191,9 +192,9 @@ class TestPrintedAgainstTheRequests:
         rng = random.Random(27)
         values = [rng.uniform(0.1, 0.19) for _ in range(79)] + [0.1984]
         registry = CollectorRegistry()
-        instruments = Instruments(registry, Settings())
+        fold = recording_for(registry, Settings()).fold
         for value in values:
-            instruments.submit(next(_requests(_uniform, 1, 0))._replace(ttft=value))
+            fold.submit(next(_requests(_uniform, 1, 0))._replace(ttft=value))
         p50, p95, _ = _table(render_table(generate_latest(registry).decode()))["TTFT"]
         assert p95 <= 0.1984
         _assert_close(p95, values, 0.95, "TTFT")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from pathlib import Path
 
 from stagelens import semconv
 from stagelens.buckets import TTFT_BUCKETS, ttft_buckets
@@ -82,3 +84,44 @@ def test_ttft_buckets_always_contain_the_threshold() -> None:
         buckets = ttft_buckets(threshold)
         assert threshold in buckets
         assert list(buckets) == sorted(set(buckets))
+
+
+def test_no_module_spells_a_name_semconv_defines() -> None:
+    """No product module writes an emitted dotted name (an attribute key such as
+    ``http.route``) as a literal: it imports the ``semconv`` constant, so a rename is one
+    edit. Docstrings may quote names."""
+
+    root = Path(__file__).resolve().parents[1]
+    names = {
+        value
+        for key, value in vars(semconv).items()
+        if key.isupper()
+        and isinstance(value, str)
+        and "." in value
+        and " " not in value
+        and not value.startswith(("http://", "https://"))
+    }
+    found = []
+    for folder in ("stagelens", "instrumentation", "exporters", "dashboards"):
+        for path in (root / folder).rglob("*.py"):
+            if path.name in ("semconv.py", "semconv_spec.py"):
+                continue
+            tree = ast.parse(path.read_text())
+            docstrings = {
+                id(node.body[0].value)
+                for node in ast.walk(tree)
+                if isinstance(
+                    node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+                )
+                and node.body
+                and isinstance(node.body[0], ast.Expr)
+                and isinstance(node.body[0].value, ast.Constant)
+            }
+            found += [
+                f"{path.relative_to(root)}:{node.lineno} {node.value}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Constant)
+                and node.value in names
+                and id(node) not in docstrings
+            ]
+    assert found == []

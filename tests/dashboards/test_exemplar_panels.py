@@ -13,14 +13,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 
-from stagelens._instruments import (
-    ExemplarRef,
-    Instruments,
-    PhaseTimes,
-    RequestRecord,
-    StageTimes,
-)
 from stagelens.config import Settings
+from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord, StageTimes
+from stagelens.telemetry import recording_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASOURCES = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "stagelens.yaml"
@@ -34,8 +29,8 @@ def _carried() -> tuple[set[str], set[str]]:
     the OpenMetrics text of a registry fed one sampled request that touched every gateway
     histogram: stages, engine phases, TTFT and inter-token gaps."""
     registry = CollectorRegistry()
-    instruments = Instruments(registry, Settings())
-    instruments.submit(
+    fold = recording_for(registry, Settings()).fold
+    fold.submit(
         RequestRecord(
             model="m",
             code="200",

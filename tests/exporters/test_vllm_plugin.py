@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from stagelens.exporters import vllm_metrics
 from stagelens.exporters.vllm_spans import emit_engine_spans
+from stagelens.exporters.vllm_stats import read_iteration, read_scheduler
 
 from stagelens import semconv
 from stagelens.buckets import ENGINE_PHASE_BUCKETS
-from stagelens.engine_stats import read_iteration, read_scheduler
 from tests._otlp_receiver import OtlpReceiver
 from tests._otlp_receiver import otlp_receiver as running_receiver
 
@@ -36,7 +36,7 @@ _NO_VLLM = "vLLM is not installed (bash scripts/setup.sh installs it)"
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch) -> None:
     """Each test sees the adapter's warn-once memory empty (it is process-wide)."""
-    from stagelens import engine_stats
+    from stagelens.exporters import vllm_stats as engine_stats
 
     monkeypatch.setattr(engine_stats, "_warned", set())
 
@@ -122,7 +122,7 @@ def _real_scheduler(stats: ModuleType) -> Any:
 
 
 class TestAdapter:
-    """``stagelens.engine_stats`` turns vLLM's stats into plain data (no vLLM needed)."""
+    """``stagelens.exporters.vllm_stats`` turns vLLM's stats into plain data (no vLLM needed)."""
 
     def test_reads_the_engine_values(self) -> None:
         """Scheduler and finished-request fields come through unchanged."""
@@ -664,11 +664,11 @@ def _gateway_only_families() -> set[str]:
     """Family names the gateway's instruments register (what configure() adds) that the
     plugin does not (telemetry errors and engine phases are in both, and so are dropped
     spans when engine spans are on)."""
-    from stagelens._instruments import instruments_for
     from stagelens.config import load_settings
+    from stagelens.telemetry import recording_for
 
     gateway, engine = CollectorRegistry(), CollectorRegistry()
-    instruments_for(gateway, load_settings())
+    recording_for(gateway, load_settings())
     vllm_metrics.EngineMetrics(engine)
     ours = {f.name for f in engine.collect()} | {semconv.SPANS_DROPPED.removesuffix("_total")}
     return {f.name for f in gateway.collect()} - ours

@@ -36,7 +36,6 @@ from stagelens.exporters.genai_metrics import GenAIMetrics, enable_genai_metrics
 from starlette.applications import Starlette
 
 from stagelens import configure, semconv
-from stagelens._instruments import BillingRecord, RequestRecord, StageTimes
 from stagelens.buckets import (
     GEN_AI_CLIENT_TOKEN_USAGE_BUCKETS,
     GEN_AI_SERVER_REQUEST_DURATION_BUCKETS,
@@ -44,6 +43,7 @@ from stagelens.buckets import (
     GEN_AI_SERVER_TIME_TO_FIRST_TOKEN_BUCKETS,
 )
 from stagelens.genai_call import GenAICall
+from stagelens.record import BillingRecord, RequestRecord, StageTimes
 from stagelens.telemetry import Telemetry
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
 
@@ -297,16 +297,15 @@ class TestOverOtlp:
         telemetry = _gateway(upstream)
         assert telemetry.settings.genai_metrics is False
         submitted: list[RequestRecord] = []
-        submit = telemetry.instruments.submit
-        monkeypatch.setattr(
-            telemetry.instruments, "submit", lambda r: (submitted.append(r), submit(r))
-        )
+        submit = telemetry.fold.submit
+        monkeypatch.setattr(telemetry.fold, "submit", lambda r: (submitted.append(r), submit(r)))
         app, _ = proxy_factory(SimpleNamespace(telemetry=telemetry))
         with _serving(app, port_factory()) as url, httpx.Client(base_url=url) as client:
             _stream(client, "m-off", 0.0)
-        telemetry.instruments.fold()
+        telemetry.fold.fold()
         assert created == []
-        assert telemetry.instruments.sinks == []
+        assert not telemetry.fold.needs_genai
+        assert len(telemetry.fold.sinks) == 1  # the Prometheus sink alone
         assert [r.genai for r in submitted] == [None]
         assert not [p for p, _ in receiver.received if p == "/v1/metrics"]
 
@@ -316,9 +315,9 @@ class TestOverOtlp:
         """STAGELENS_GENAI_METRICS=1 is the documented switch; once per set of instruments."""
         monkeypatch.setenv("STAGELENS_GENAI_METRICS", "1")
         telemetry = _gateway(upstream)
-        assert len(telemetry.instruments.sinks) == 1
+        assert len(telemetry.fold.sinks) == 2
         assert enable_genai_metrics(telemetry) is enable_genai_metrics(telemetry.derive())
-        assert len(telemetry.instruments.sinks) == 1
+        assert len(telemetry.fold.sinks) == 2
 
 
 def _export(telemetry: Telemetry) -> None:

@@ -6,8 +6,9 @@ from them is read here, by attribute name, with a default when a field is missin
 miss of each field logs one warning (naming the vLLM version to check) and never raises, so
 an older or newer vLLM degrades to fewer numbers instead of a crashed engine.
 
-No vLLM or exporter import here: the stat logger (``stagelens.exporters.vllm_stat_logger``)
-consumes these dataclasses, and tests build them without an engine.
+No vLLM or exporter import here: the stat logger (``vllm_stat_logger``) consumes these
+dataclasses, and tests build them without an engine. It sits with the plugin it serves, not
+in the core: no request touches it.
 """
 
 from __future__ import annotations

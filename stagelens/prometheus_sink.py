@@ -1,0 +1,231 @@
+"""The Prometheus sink: folded batches of finished requests written into the gateway series.
+
+Why a sink: the fold (``stagelens.fold``) hands every sink the same batches; this one turns
+them into the ``stagelens_*`` series of one registry (``stagelens._instruments``), through
+bound children (``stagelens._series``). Why per batch: observations of the same series
+become one bucket count in C and one locked increment per touched bucket, for all the
+requests of the batch. A scrape folds first (``FoldOnCollect``), so it never misses a
+finished request.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter as Tally
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
+from operator import attrgetter
+from typing import Any, Final, TypeVar
+
+from prometheus_client.metrics_core import Metric
+
+from stagelens import _compat
+from stagelens._instruments import Instruments
+from stagelens._series import Candidates, FastCounter, FastHistogram
+from stagelens.fold import Fold
+from stagelens.record import RequestRecord
+
+__all__ = ["FoldOnCollect", "PrometheusSink"]
+
+_Observed = defaultdict[FastHistogram, list[float]]
+"""Values to observe, per bound histogram."""
+_Added = defaultdict[FastCounter, float]
+"""Amounts to add, per bound counter."""
+_Exemplars = defaultdict[FastHistogram, Candidates]
+"""Exemplar candidates, per bound histogram."""
+
+
+_Item = TypeVar("_Item")
+_Key = TypeVar("_Key")
+_MODEL: Final = attrgetter("model")
+_CODE: Final = attrgetter("code")
+_TENANT: Final = attrgetter("tenant")
+
+
+def _grouped(
+    items: Sequence[_Item], key: Callable[[_Item], _Key]
+) -> Iterator[tuple[_Key, Sequence[_Item]]]:
+    """``items`` by their ``key``: each value with its items, in their order. A batch is
+    nearly always one model, one status code and one tenant: then the list itself, with
+    no copy and one pass to find the values."""
+    values = set(map(key, items))
+    if len(values) == 1:
+        yield values.pop(), items
+        return
+    for value in values:
+        yield value, [item for item in items if key(item) == value]
+
+
+def _check(observed: _Observed) -> None:
+    """Raise TypeError when a value to observe is not a number (a counter's amount already
+    failed to add up while collected), before anything is written: found later, by a
+    histogram's bisect, it would leave the batch half written. ``sum`` runs in C, a few ns
+    per value (``math.fsum``, which also refuses complex numbers, costs ten times more; a
+    complex timing is left to the writes, which lose that one series' share)."""
+    for values in observed.values():
+        sum(values, 0.0)
+
+
+class PrometheusSink:
+    """Writes folded batches into one registry's gateway series (a ``RequestSink``)."""
+
+    needs_genai = False
+
+    def __init__(self, instruments: Instruments) -> None:
+        self._instruments = instruments
+        # prometheus-client's multiprocess files hold no exemplars: none are gathered there.
+        self._keep_exemplars = _compat.in_process_values()
+
+    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
+        """Write ``batch``; return the failures swallowed.
+
+        A bad record costs only itself. The batch is first collected whole (the common
+        case, and the fast one); when that fails, or a value in it is not a number, it is
+        collected again record by record, each into series of its own that join the batch
+        only when complete: a record is applied whole or not at all. The writes then touch
+        only checked numbers; should prometheus-client itself fail writing one series (a
+        full disk in multiprocess mode), that series' share of the batch is lost and
+        counted, and every other series is still written.
+        """
+        failed: list[Exception] = []
+        try:
+            observed, added, kept = self._collect(batch)
+            _check(observed)
+        except Exception:
+            observed, added, kept = self._collect_each(batch, failed)
+        # Each series written on its own: one failing write loses only its series.
+        writes: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+            (histogram.observe_many, (values, kept.get(histogram)))
+            for histogram, values in observed.items()
+        ]
+        writes += [(counter.inc, (amount,)) for counter, amount in added.items()]
+        for write, arguments in writes:
+            try:
+                write(*arguments)
+            except Exception as exc:
+                failed.append(exc)
+        return failed
+
+    def _collect(self, batch: Sequence[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
+        """The observations and increments of ``batch``, per bound series, and the exemplar
+        candidates of its sampled requests (their TTFT, request duration and stage times,
+        in the order the requests ended; none in multiprocess mode, whose files keep none).
+
+        Gathered per model, field by field: a batch is nearly always one model (and one
+        status code, one tenant), so each field's values are one comprehension over the
+        records and each series is looked up once per batch, not once per request (a
+        lookup is a method call, a value a few bytecodes)."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
+        for model, records in _grouped(batch, _MODEL):
+            self._collect_model(model, records, observed, added, kept)
+        return observed, added, kept
+
+    def _collect_model(
+        self,
+        model: str,
+        records: Sequence[RequestRecord],
+        observed: _Observed,
+        added: _Added,
+        kept: _Exemplars,
+    ) -> None:
+        """``_collect`` for the records of one ``model``."""
+        series = self._instruments.for_model(model)
+        for code, mine in _grouped(records, _CODE):
+            request_duration, requests = series.outcome(code)
+            observed[request_duration] += [r.duration for r in mine]
+            added[requests] += len(mine)
+        ttfts = [r.ttft for r in records if r.ttft is not None]
+        if ttfts:
+            observed[series.ttft()] += ttfts
+        gaps = list(chain.from_iterable([r.gaps for r in records]))
+        if gaps:
+            observed[series.itl()] += gaps
+        upstream_ttfts = [r.upstream_ttft for r in records if r.upstream_ttft is not None]
+        if upstream_ttfts:
+            observed[series.upstream_ttft()] += upstream_ttfts
+        # What a record holds several of, or rarely: one pass, gathered by label value.
+        stages: defaultdict[str, list[float]] = defaultdict(list)
+        phases: defaultdict[str, list[float]] = defaultdict(list)
+        stage_candidates: defaultdict[str, Candidates] = defaultdict(list)
+        keep = self._keep_exemplars
+        for record in records:
+            for name, seconds in record.stages:
+                stages[name].append(seconds)
+            if record.phases:
+                for name, seconds in record.phases:
+                    phases[name].append(seconds)
+            if record.rejected_by is not None:
+                added[series.rejection(record.rejected_by, record.code)] += 1
+            if record.unmetered is not None:
+                added[series.unmetered(record.unmetered)] += 1
+            ref = record.exemplar
+            if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
+                kept[series.outcome(record.code)[0]].append((record.duration, ref))
+                if record.ttft is not None:
+                    kept[series.ttft()].append((record.ttft, ref))
+                for name, seconds in record.stages:
+                    stage_candidates[name].append((seconds, ref))
+        for name, values in stages.items():
+            observed[series.stage(name)] += values
+        for name, candidates in stage_candidates.items():
+            kept[series.stage(name)] += candidates
+        for name, values in phases.items():
+            observed[series.phase(name)] += values
+        # Counted per distinct set of verdicts: most requests of a model share one.
+        for verdicts, counted in Tally([r.verdicts for r in records]).items():
+            for sli, bad in verdicts:
+                requests_counted, errors = series.sli(sli)
+                added[requests_counted] += counted
+                # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
+                added[errors] += counted if bad else 0
+        bills = [r.billing for r in records if r.billing is not None]
+        for tenant, theirs in _grouped(bills, _TENANT):
+            billing = self._instruments.billing(model, tenant)
+            added[billing.input] += sum([b.input_tokens for b in theirs])
+            added[billing.output] += sum([b.output_tokens for b in theirs])
+            added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
+            added[billing.cost] += sum([b.cost_usd for b in theirs])
+
+    def _collect_each(
+        self, batch: Sequence[RequestRecord], failed: list[Exception]
+    ) -> tuple[_Observed, _Added, _Exemplars]:
+        """``_collect`` record by record, leaving out (and listing in ``failed``) each
+        record whose collection fails or holds a value that is not a number: a record left
+        out names no trace either."""
+        observed: _Observed = defaultdict(list)
+        added: _Added = defaultdict(float)
+        kept: _Exemplars = defaultdict(list)
+        for record in batch:
+            try:
+                mine, counts, candidates = self._collect([record])
+                _check(mine)
+            except Exception as exc:
+                failed.append(exc)
+                continue
+            for histogram, values in mine.items():
+                observed[histogram] += values
+            for counter, amount in counts.items():
+                added[counter] += amount
+            for histogram, pairs in candidates.items():
+                kept[histogram] += pairs
+        return observed, added, kept
+
+
+class FoldOnCollect:
+    """A collector with no metrics of its own: collecting it folds the queued records.
+    Registered before the series the fold feeds, so that a scrape folds, then reads them."""
+
+    def __init__(self, fold: Fold) -> None:
+        self._fold = weakref.ref(fold)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        fold = self._fold()
+        if fold is not None:
+            fold.fold()
+        return iter(())

@@ -1,0 +1,114 @@
+"""The record of one finished request: what every metrics sink learns from it.
+
+Why one record, apart from its sinks: the request path knows the figures (its timings,
+tokens, verdicts) and nothing of where they go; the sinks (the Prometheus series, the GenAI
+OpenTelemetry metrics) know where they go and nothing of how a request was measured. Like
+vLLM's ``v1/metrics`` keeps its stats apart from its loggers, the record is plain data, the
+fold (``stagelens.fold``) batches records off the request path, and each sink receives the
+same batches, none above another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple, NewType, Protocol
+
+from stagelens.genai_call import GenAICall
+
+__all__ = [
+    "BillingRecord",
+    "ExemplarRef",
+    "PhaseTimes",
+    "RequestRecord",
+    "RequestSink",
+    "StageTimes",
+    "Verdicts",
+]
+
+StageTimes = NewType("StageTimes", list[tuple[str, float]])
+"""(stage, seconds) of one request's stages, in the order they ended.
+
+A type of its own (not a plain list) so that stage and engine-phase timings, which have the
+same shape, cannot be passed for one another: mypy rejects a swap."""
+
+PhaseTimes = NewType("PhaseTimes", list[tuple[str, float]])
+"""(engine phase, seconds) the engine reported for one request (queue, prefill, decode)."""
+
+Verdicts = tuple[tuple[str, bool], ...]
+"""(sli, bad) for each SLI that counted one request."""
+
+
+class BillingRecord(NamedTuple):
+    """What ``bill()`` counted for one request, recorded with its other figures."""
+
+    tenant: str
+    """The tenant label value (bounded, never a key)."""
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    """Part of ``input_tokens``."""
+    cost_usd: float
+
+
+class ExemplarRef(NamedTuple):
+    """The sampled trace of one finished request: what its observations' exemplars name.
+
+    Ids as integers and the time as read: the hex labels are formatted only for the few
+    observations that end up kept (the latest per bucket), never per request."""
+
+    trace_id: int
+    span_id: int
+    """The request's root span."""
+    timestamp: float
+    """When the request ended (``time.time()``), the exemplar's timestamp."""
+
+
+class RequestRecord(NamedTuple):
+    """Everything the metrics learn from one finished request, queued as one record.
+
+    A NamedTuple: built by keyword at the one place that submits (the middleware), unpacked
+    cheaply by the sinks."""
+
+    model: str
+    """The bounded ``model`` label value."""
+    code: str
+    """The ``code`` label value."""
+    duration: float
+    """Gateway receipt to last byte sent, seconds."""
+    ttft: float | None
+    """Time to first token, seconds; answers only."""
+    gaps: list[float]
+    """Inter-token gaps, seconds."""
+    stages: StageTimes
+    phases: PhaseTimes | None
+    rejected_by: str | None
+    """The stage that answered the request with an error."""
+    billing: BillingRecord | None
+    upstream_ttft: float | None = None
+    """Upstream request sent to its first output-bearing event received, seconds."""
+    verdicts: Verdicts = ()
+    """(sli, bad) for each SLI that counted the request."""
+    unmetered: str | None = None
+    """The ``billing`` label value when the server's usage was missing, else None."""
+    genai: GenAICall | None = None
+    """The upstream GenAI call, built only while a sink needs it (``RequestSink.needs_genai``)."""
+    exemplar: ExemplarRef | None = None
+    """The request's trace when it was sampled: its TTFT, duration and stage times may
+    become exemplars. None for a sampled-out request, which never names a trace."""
+
+
+class RequestSink(Protocol):
+    """Where folded batches of finished requests go (``Fold.add_sink``).
+
+    A sink runs off the request path, in whichever thread folds (a scrape, or the request
+    that filled the batch). It must not keep ``batch`` past the call: the fold reuses
+    nothing, but other sinks read the same records."""
+
+    needs_genai: bool
+    """Whether records must carry ``genai``: building it costs the request path, so it is
+    built only while some sink needs it."""
+
+    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
+        """Record ``batch``; return the failures swallowed (a bad record costs only itself).
+        Raising counts as one failure of the whole batch for this sink."""
+        ...
