@@ -11,9 +11,12 @@ when several apps (or tests) share a process. What writes into them is the Prome
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
@@ -203,6 +206,8 @@ class Instruments:
         for stage, seconds in settings.stage_budgets_seconds.items():
             stage_budget.labels(stage).set(seconds)
         self._models: dict[str, ModelSeries] = {}
+        if _compat.in_process_values():  # multiprocess scrapes read files, not this process
+            r.register(_Extremes(self))
         self._billing: dict[tuple[str, str], BillingSeries] = {}
         self._bind_lock = threading.Lock()
 
@@ -228,3 +233,32 @@ class Instruments:
                     found = BillingSeries(self, model, tenant)
                     self._billing[key] = found
         return found
+
+
+class _Extremes:
+    """Scrape-time gauges: each gateway histogram series' smallest and largest value
+    (``stagelens_histogram_min_seconds`` / ``_max_seconds``), read from the bound series;
+    registered after ``prometheus_sink.FoldOnCollect``, so a scrape sees the records it
+    folded."""
+
+    def __init__(self, instruments: Instruments) -> None:
+        self._instruments = weakref.ref(instruments)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        instruments = self._instruments()
+        if instruments is None:
+            return
+        low = Metric(sc.HISTOGRAM_MIN, "Smallest value a histogram series observed.", "gauge")
+        high = Metric(sc.HISTOGRAM_MAX, "Largest value a histogram series observed.", "gauge")
+        for series in list(instruments._models.values()):
+            for name, labels, histogram in series.histograms():
+                if histogram.lowest <= histogram.highest:  # observed at least one value
+                    named = {sc.LABEL_HISTOGRAM: name, **labels}
+                    low.add_sample(sc.HISTOGRAM_MIN, named, histogram.lowest)
+                    high.add_sample(sc.HISTOGRAM_MAX, named, histogram.highest)
+        if low.samples:
+            yield low
+            yield high

@@ -633,3 +633,17 @@ OpenTelemetry's ``TraceIdRatioBased`` chooses (so services sampling by ratio agr
 REASON_FINE: Final = "fine"
 """``reason`` label value (dropped): the request went fine and the base ratio did not
 choose its trace."""
+
+# The fastest and slowest value each gateway histogram series observed (issue 27): what
+# ``stagelens report`` narrows a percentile read from buckets with, so that it never lies
+# above the slowest request or below the fastest (``stagelens.percentiles``).
+LABEL_HISTOGRAM: Final = "histogram"
+"""Label of ``stagelens_histogram_min_seconds`` / ``_max_seconds``: the histogram's name."""
+HISTOGRAM_MIN: Final = "stagelens_histogram_min_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the smallest value one series
+of a gateway histogram (named by ``histogram``, with that series' own labels) observed since
+the process started, as its ``_bucket`` counts run since then. Not exposed in multiprocess
+mode."""
+HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
+``stagelens_histogram_min_seconds``."""

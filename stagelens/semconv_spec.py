@@ -87,6 +87,15 @@ class SpanSpec:
 
 
 _GW: Final = (GATEWAY,)
+_EXTREMES_LABELS: Final = (
+    sc.LABEL_HISTOGRAM,
+    sc.LABEL_STAGE,
+    sc.LABEL_PHASE,
+    sc.LABEL_MODEL,
+    sc.LABEL_CODE,
+    sc.LABEL_PROMPT_SIZE,
+)
+"""The labels of the extremes gauges: the histogram's name and each series' own labels."""
 _GPU: Final = (GPU_COLLECTOR,)
 _PLUGIN: Final = (VLLM_PLUGIN,)
 _GPU_LABELS: Final = (sc.LABEL_GPU, sc.LABEL_UUID, sc.LABEL_NAME)
@@ -129,6 +138,8 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         _GW,
     ),
     MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(sc.HISTOGRAM_MIN, "gauge", "seconds", _EXTREMES_LABELS, _GW),
+    MetricSpec(sc.HISTOGRAM_MAX, "gauge", "seconds", _EXTREMES_LABELS, _GW),
     MetricSpec(
         sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
     ),

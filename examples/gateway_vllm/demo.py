@@ -290,8 +290,11 @@ def _show(
         asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
         from stagelens.views.report import fetch, render_table
 
+        # The spans first: with every request's spans received the table's percentiles are
+        # the exact ones of those requests, not bucket estimates.
+        traces.wait_for(served.telemetry, args.requests)
         print()
-        print(render_table(fetch(metrics)))
+        print(render_table(fetch(metrics), traces.spans()))
         print()
         kept, line = sampler_summary(metrics)
         slowest = traces.print_slowest(served.telemetry, args.requests if kept is None else kept)
