@@ -10,6 +10,7 @@ so the helpers bring both sources to one label set first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from grafana_foundation_sdk.builders import dashboard
@@ -21,6 +22,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
+from stagelens.buckets import worst_ratio
 from stagelens.slo.config import SloConfig
 
 TAGS: Final = ["stagelens", "llm"]
@@ -127,6 +129,19 @@ def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str 
     by_le = f"{by}, le" if by else "le"
     return (
         f"histogram_quantile({q}, sum by ({by_le}) (rate({metric}_bucket{{{selector}}}[{window}])))"
+    )
+
+
+def quantile_bound(bounds: Sequence[float], low: float, high: float) -> str:
+    """The sentence a percentile panel carries about its error (issue 27): how far
+    ``histogram_quantile`` may be from the exact percentile on these bounds, read from the
+    bounds themselves so it cannot go stale."""
+    ratio = worst_ratio(bounds, low, high)
+    return (
+        f"Percentiles are histogram_quantile estimates: between {low * 1000:g} ms and "
+        f"{high:g} s the buckets are at most {ratio:.3g}x apart, so a figure is within "
+        f"{(ratio - 1) * 100:.0f} % of the exact one, and may lie above the slowest request. "
+        "stagelens report prints exact figures from spans (docs/percentiles.md)."
     )
 
 

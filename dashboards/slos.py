@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
-from stagelens.dashboards.common import MODEL, base
+from stagelens.dashboards.common import MODEL, base, quantile_bound
 from stagelens.dashboards.panels import (
     NEUTRAL,
     bad_above,
@@ -19,6 +19,7 @@ from stagelens.dashboards.panels import (
 )
 
 from stagelens import semconv as sc
+from stagelens.buckets import TTFT_BUCKETS, TTFT_RANGE
 from stagelens.slo.alert_rules import BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
 from stagelens.slo.recording_rules import (
@@ -165,7 +166,8 @@ def slos(cfg: SloConfig) -> DashboardModel:
                 ],
                 description="StagelensTTFTP95High opens a ticket when a class's p95 stays "
                 f"above its threshold ({classes_text(cfg)}) for {cfg.ttft_p95_for}; the dashed "
-                f"line is the default {cfg.ttft_threshold_seconds:g}s.",
+                f"line is the default {cfg.ttft_threshold_seconds:g}s. "
+                f"{quantile_bound(TTFT_BUCKETS, *TTFT_RANGE)}",
             )
         )
     )

@@ -34,7 +34,7 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
-from stagelens import _compat
+from stagelens import _compat, tail_sampling
 from stagelens import semconv as sc
 from stagelens.config import PromptSizeClasses, Settings
 from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
@@ -449,6 +449,43 @@ class _RequestTracker:
         prompt_size, ttft_threshold = self._mw.prompt_sizes.of(
             usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
         )
+        server_failed = code >= 500 or failure is not None
+        verdicts = _outcome.sli_verdicts(
+            streamed=state.streamed,
+            code=code,
+            server_failed=server_failed,
+            client_gone=client_gone,
+            ttft=ttft,
+            waited=duration,
+            worst_gap=max(gaps) if gaps else None,
+            ttft_threshold=ttft_threshold,
+            stall_threshold=settings.itl_stall_threshold_seconds,
+            client_left_bad_after=settings.client_left_bad_after_seconds,
+            ttfat=ttfat,
+            answer_threshold=settings.answer_slo_threshold_seconds,
+        )
+        exemplar: ExemplarRef | None = None
+        decision: tuple[str, str] | None = None
+        dropped = False
+        if state.recording:
+            pending = getattr(state.root_span, "pending_trace", None)
+            if pending is None:
+                exemplar = _sampled_trace(state.root_span)
+            else:  # the tail sampler: keep the trace or drop it, now the outcome is known
+                reason = tail_sampling.keep_reason(
+                    server_failed=server_failed or (error is not None and not disconnected),
+                    client_gone=client_gone,
+                    verdicts=verdicts,
+                    gaps=gaps,
+                    duration=duration,
+                    stall_seconds=settings.tail_stall_seconds,
+                    slow_seconds=settings.tail_slow_seconds,
+                )
+                slots = telemetry.instruments.exemplar_slots
+                decision, exemplar = _settle(
+                    pending, reason, slots, state.root_span, model, duration
+                )
+                dropped = exemplar is None
         try:
             phases = state.phases
             telemetry.fold.submit(
@@ -463,30 +500,18 @@ class _RequestTracker:
                     rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
                     billing=state.billing,
                     upstream_ttft=inference.upstream_ttft if inference is not None else None,
-                    verdicts=_outcome.sli_verdicts(
-                        streamed=state.streamed,
-                        code=code,
-                        server_failed=code >= 500 or failure is not None,
-                        client_gone=client_gone,
-                        ttft=ttft,
-                        waited=duration,
-                        worst_gap=max(gaps) if gaps else None,
-                        ttft_threshold=ttft_threshold,
-                        stall_threshold=settings.itl_stall_threshold_seconds,
-                        client_left_bad_after=settings.client_left_bad_after_seconds,
-                        ttfat=ttfat,
-                        answer_threshold=settings.answer_slo_threshold_seconds,
-                    ),
+                    verdicts=verdicts,
                     prompt_size=prompt_size,
                     unmetered=_outcome.billing_gap(state),
                     genai=state.genai,
-                    exemplar=_sampled_trace(state.root_span) if state.recording else None,
+                    exemplar=exemplar,
+                    trace_decision=decision,
                     ttfat=ttfat,
                 )
             )
         except Exception as exc:
             telemetry.report_error("metrics", exc)
-        self._end_root(error, code, code_label, (ttft, ttfat), disconnected, failure)
+        self._end_root(error, code, code_label, (ttft, ttfat), disconnected, failure, dropped)
 
     def _end_root(
         self,
@@ -496,12 +521,14 @@ class _RequestTracker:
         firsts: tuple[float | None, float | None],
         disconnected: bool,
         failure: str | None,
+        dropped: bool = False,
     ) -> None:
-        """Name, annotate and end the root span."""
+        """Name, annotate and end the root span (only end it when its trace was dropped:
+        nothing set on it would be exported)."""
         state = self._state
         assert state is not None
         root = state.root_span
-        if root.is_recording():
+        if root.is_recording() and not dropped:
             attributes: dict[str, Any] = {sc.HTTP_RESPONSE_STATUS_CODE: code}  # one call
             route = self._scope.get("route")
             route_path = getattr(route, "path", None)
@@ -550,6 +577,30 @@ def _reasoning_attributes(state: RequestState, attributes: dict[str, Any]) -> No
         inference = state.inference
         if inference is not None and inference.reasoning_counted and state.usage is None:
             attributes[sc.ATTR_USAGE_ESTIMATED] = True
+
+
+def _settle(
+    pending: tail_sampling.PendingTrace,
+    reason: str | None,
+    slots: tail_sampling.ExemplarSlots | None,
+    root: trace.Span,
+    model: str,
+    duration: float,
+) -> tuple[tuple[str, str], ExemplarRef | None]:
+    """Decide the tail-sampled trace of a finished request: kept for ``reason`` (what
+    happened to it), else for the start's reason (a sampled parent, the ratio), else as an
+    exemplar its duration bucket needs (``slots``; None where no exemplars are kept);
+    dropped otherwise. Returns the (decision, reason) counted and the exemplar reference of
+    a kept trace (None: dropped, names no trace)."""
+    reason = reason or pending.head
+    if slots is not None and slots.claim(model, duration, time.monotonic(), reason is not None):
+        reason = reason or sc.REASON_EXEMPLAR
+    if reason is None:
+        pending.settle(False)
+        return (sc.DECISION_DROPPED, sc.REASON_FINE), None
+    pending.settle(True)
+    ctx = root.get_span_context()
+    return (sc.DECISION_KEPT, reason), ExemplarRef(ctx.trace_id, ctx.span_id, time.time())
 
 
 def _sampled_trace(root: trace.Span) -> ExemplarRef | None:

@@ -129,6 +129,14 @@ class Settings(BaseSettings):
     """``model`` label for requests whose model was never set (e.g. rejected early)."""
     span_queue_size: int = Field(default=2048, ge=1)
     """Bound on spans waiting for export: a dead collector costs at most this much memory."""
+    tail_stall_seconds: float = Field(default=1.0, gt=0)
+    """With the tail sampler (``OTEL_TRACES_SAMPLER=stagelens_tail``): a streamed request
+    with one inter-token gap above this keeps its trace, even when its mean inter-token
+    latency met the ITL SLO (a stall the client saw)."""
+    tail_slow_seconds: float = Field(default=10.0, gt=0)
+    """With the tail sampler: a request that took longer than this from receipt to last
+    byte keeps its trace (the end-to-end threshold; TTFT and ITL are judged by their SLO
+    thresholds)."""
     genai_metrics: bool = False
     """Also record the GenAI semantic conventions' OpenTelemetry histograms
     (``gen_ai.server.*``, ``gen_ai.client.token.usage``) and export them over OTLP

@@ -73,6 +73,7 @@ class PrometheusSink:
         self._instruments = instruments
         # prometheus-client's multiprocess files hold no exemplars: none are gathered there.
         self._keep_exemplars = _compat.in_process_values()
+        self._decisions: dict[tuple[str, str], FastCounter] = {}
 
     def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
         """Write ``batch``; return the failures swallowed.
@@ -119,7 +120,18 @@ class PrometheusSink:
         kept: _Exemplars = defaultdict(list)
         for model, records in _grouped(batch, _MODEL):
             self._collect_model(model, records, observed, added, kept)
+        decisions = [r.trace_decision for r in batch if r.trace_decision is not None]
+        for key, counted in Tally(decisions).items():
+            added[self._decision(key)] += counted
         return observed, added, kept
+
+    def _decision(self, key: tuple[str, str]) -> FastCounter:
+        """``stagelens_trace_decisions_total{decision, reason}``, bound once per pair."""
+        found = self._decisions.get(key)
+        if found is None:
+            counter = self._instruments.trace_decisions.get(*key)
+            found = self._decisions[key] = FastCounter(counter)
+        return found
 
     def _collect_model(
         self,

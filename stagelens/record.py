@@ -96,14 +96,17 @@ class RequestRecord(NamedTuple):
     genai: GenAICall | None = None
     """The upstream GenAI call, built only while a sink needs it (``RequestSink.needs_genai``)."""
     exemplar: ExemplarRef | None = None
-    """The request's trace when it was sampled: its TTFT, worst inter-token gap, duration
-    and stage times may become exemplars. None for a sampled-out request, which never names
-    a trace."""
+    """The request's trace when it was sampled (under the tail sampler: kept): its TTFT,
+    worst inter-token gap, duration and stage times may become exemplars. None for a
+    sampled-out (dropped) request, which never names a trace."""
     prompt_size: str = sc.PROMPT_SIZE_UNKNOWN
     """The ``prompt_size`` label value (``stagelens.config.PromptSizeClasses``) of its TTFT
     and SLI series."""
     ttfat: float | None = None
     """Time to first answer token (not reasoning), seconds; answers only."""
+    trace_decision: tuple[str, str] | None = None
+    """(decision, reason) of the tail sampler for the request's trace; None under any
+    other sampler (``stagelens_trace_decisions_total``)."""
 
 
 class RequestSink(Protocol):

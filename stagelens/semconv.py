@@ -178,7 +178,8 @@ SPAN_ENGINE_DECODE: Final = "decode"
 HEADER_REQUEST_ID: Final = "x-request-id"
 """Request id sent to the vLLM server, which uses it as its own request id: the app's own,
 else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
-by it); none is minted for a call whose trace is sampled out."""
+by it); none is minted for a call whose trace is sampled out, or not yet kept (the tail
+sampler decides at the request's end: ``docs/tail-sampling.md``)."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels
@@ -433,7 +434,7 @@ LABEL_NAME: Final = "name"
 LABEL_COMPONENT: Final = "component"
 """Telemetry component that failed (hook, exporter, nvml, vllm_plugin, ...)."""
 LABEL_REASON: Final = "reason"
-"""Why something was dropped."""
+"""Why something was dropped (spans) or kept (traces, with ``decision``)."""
 REASON_QUEUE_FULL: Final = "queue_full"
 """``reason`` label value: dropped before export, more spans waiting than the queue bound."""
 REASON_EXPORT_FAILED: Final = "export_failed"
@@ -625,3 +626,54 @@ SLI_ANSWER: Final = "answer"
 when the time to first answer token exceeded ``answer_slo_threshold_seconds``, or no answer
 token came because the request failed or the stream was cut during the reasoning (a client
 gone before the answer counts only if it waited past the threshold)."""
+
+# Tail sampling (issue 29): the sampler ``OTEL_TRACES_SAMPLER`` names, and the decisions it
+# makes when each request ends (``stagelens/tail_sampling.py``).
+TRACES_SAMPLER_TAIL: Final = "stagelens_tail"
+"""``OTEL_TRACES_SAMPLER`` value (an ``opentelemetry_traces_sampler`` entry point): keep a
+trace by what happened to its request, decided when the request ends;
+``OTEL_TRACES_SAMPLER_ARG`` is the base keep ratio for requests that went fine."""
+TRACE_DECISIONS: Final = "stagelens_trace_decisions_total"
+"""Counter {decision, reason}: requests whose trace the tail sampler (``stagelens_tail``)
+kept or dropped, and why; counted only while that sampler is in use."""
+LABEL_DECISION: Final = "decision"
+"""What the tail sampler decided for a request's trace: ``kept`` or ``dropped``."""
+DECISION_KEPT: Final = "kept"
+"""``decision`` label value: the trace was exported, whole."""
+DECISION_DROPPED: Final = "dropped"
+"""``decision`` label value: the trace's spans were discarded unbuilt (its metrics count)."""
+REASON_ERROR: Final = "error"
+"""``reason`` label value (kept): answered 5xx, failed after its headers or the app
+raised (an upstream error among them)."""
+REASON_CLIENT_LEFT: Final = "client_left"
+"""``reason`` label value (kept): the client went away before the answer was complete."""
+REASON_SLOW: Final = "slow"
+"""``reason`` label value (kept): slow against the SLO thresholds: bad for the ``ttft``,
+``itl`` or ``goodput`` SLI, an inter-token gap over ``tail_stall_seconds`` or a duration
+over ``tail_slow_seconds``."""
+REASON_EXEMPLAR: Final = "exemplar"
+"""``reason`` label value (kept): chosen to be an exemplar, its request duration falling in
+a bucket no kept trace of its model had filled recently, or the slowest request of its
+model so far in the current window (so the slowest of any stretch of traffic is kept)."""
+REASON_PARENT: Final = "parent"
+"""``reason`` label value (kept): the caller's ``traceparent`` said sampled."""
+REASON_RATIO: Final = "ratio"
+"""``reason`` label value (kept): chosen by the base keep ratio from the trace id alone, as
+OpenTelemetry's ``TraceIdRatioBased`` chooses (so services sampling by ratio agree)."""
+REASON_FINE: Final = "fine"
+"""``reason`` label value (dropped): the request went fine and the base ratio did not
+choose its trace."""
+
+# The fastest and slowest value each gateway histogram series observed (issue 27): what
+# ``stagelens report`` narrows a percentile read from buckets with, so that it never lies
+# above the slowest request or below the fastest (``stagelens.percentiles``).
+LABEL_HISTOGRAM: Final = "histogram"
+"""Label of ``stagelens_histogram_min_seconds`` / ``_max_seconds``: the histogram's name."""
+HISTOGRAM_MIN: Final = "stagelens_histogram_min_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the smallest value one series
+of a gateway histogram (named by ``histogram``, with that series' own labels) observed since
+the process started, as its ``_bucket`` counts run since then. Not exposed in multiprocess
+mode."""
+HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
+``stagelens_histogram_min_seconds``."""

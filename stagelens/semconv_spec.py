@@ -87,6 +87,15 @@ class SpanSpec:
 
 
 _GW: Final = (GATEWAY,)
+_EXTREMES_LABELS: Final = (
+    sc.LABEL_HISTOGRAM,
+    sc.LABEL_STAGE,
+    sc.LABEL_PHASE,
+    sc.LABEL_MODEL,
+    sc.LABEL_CODE,
+    sc.LABEL_PROMPT_SIZE,
+)
+"""The labels of the extremes gauges: the histogram's name and each series' own labels."""
 _GPU: Final = (GPU_COLLECTOR,)
 _PLUGIN: Final = (VLLM_PLUGIN,)
 _GPU_LABELS: Final = (sc.LABEL_GPU, sc.LABEL_UUID, sc.LABEL_NAME)
@@ -130,6 +139,8 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         _GW,
     ),
     MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(sc.HISTOGRAM_MIN, "gauge", "seconds", _EXTREMES_LABELS, _GW),
+    MetricSpec(sc.HISTOGRAM_MAX, "gauge", "seconds", _EXTREMES_LABELS, _GW),
     MetricSpec(
         sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
     ),
@@ -143,6 +154,9 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         sc.TELEMETRY_ERRORS, "counter", "errors", (sc.LABEL_COMPONENT,), (GATEWAY, VLLM_PLUGIN)
     ),
     MetricSpec(sc.SPANS_DROPPED, "counter", "spans", (sc.LABEL_REASON,), _GW),
+    MetricSpec(
+        sc.TRACE_DECISIONS, "counter", "requests", (sc.LABEL_DECISION, sc.LABEL_REASON), _GW
+    ),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),
@@ -429,6 +443,7 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "PHASE_": sc.LABEL_PHASE,
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
+    "DECISION_": sc.LABEL_DECISION,
     "SLI_": sc.LABEL_SLI,
     "PROMPT_SIZE_": sc.LABEL_PROMPT_SIZE,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,

@@ -178,14 +178,14 @@ class TestLatestPerBucket:
         landing in a bucket after a sampled request leaves that request's exemplar."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(1)))
-        fold.submit(_record(0.3, 1.0, 0.002, None))  # same buckets, sampled out
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, 1.0, 0.002, None))  # same buckets, sampled out
         fold.submit(_record(4.0, 30.0, 1.5, None))  # buckets of its own
         fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert list(ttft) == ["0.5"]
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
-        assert ttft["0.5"].value == 0.3
+        assert ttft["0.5"].value == 0.45
         assert registry.get_sample_value(
             f"{semconv.TIME_TO_FIRST_TOKEN}_count", {"model": "m", "prompt_size": "1024"}
         ) == pytest.approx(3.0)
@@ -194,10 +194,10 @@ class TestLatestPerBucket:
         """A fold of sampled-out requests only keeps the exemplars of earlier folds."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(7)))
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(7)))
         fold.fold()
         for _ in range(FOLD_EVERY):
-            fold.submit(_record(0.3, 1.0, 0.002, None))
+            fold.submit(_record(0.45, 1.0, 0.002, None))
         fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert ttft["0.5"].labels[semconv.EXEMPLAR_TRACE_ID] == f"{_ref(7).trace_id:032x}"
@@ -207,8 +207,8 @@ class TestLatestPerBucket:
         though its other values would have been valid."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(1)))
-        fold.submit(_record(0.3, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
         fold.fold()
         ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
@@ -218,7 +218,7 @@ class TestLatestPerBucket:
         the W3C hex ids, the value and the request's end time."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(0)))
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(0)))
         text = openmetrics(registry).decode()
         line = next(
             row
@@ -229,7 +229,7 @@ class TestLatestPerBucket:
         )
         assert line.endswith(
             ' # {span_id="b7ad6b7169203331",trace_id="0af7651916cd43dd8448eb211c80319c"}'
-            " 0.3 1000000000.0"
+            " 0.45 1000000000.0"
         )
 
 

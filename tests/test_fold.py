@@ -312,6 +312,11 @@ _RECORDS = st.builds(
     exemplar=st.none() | st.builds(ExemplarRef, st.just(1), st.just(2), st.just(3.0)),
     ttfat=st.none() | _SECONDS,
     prompt_size=st.sampled_from(["1024", "+Inf", "unknown"]),
+    trace_decision=st.none()
+    | st.tuples(
+        st.sampled_from([semconv.DECISION_KEPT, semconv.DECISION_DROPPED]),
+        st.sampled_from([semconv.REASON_ERROR, semconv.REASON_RATIO, semconv.REASON_FINE]),
+    ),
 )
 
 
@@ -349,7 +354,10 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     sli_errors = counter(semconv.SLI_ERRORS, ["model", "sli", "prompt_size"])
     tokens = counter(semconv.TOKENS, ["model", "tenant", "type"])
     cost = counter(semconv.COST_USD, ["model", "tenant"])
+    decisions = counter(semconv.TRACE_DECISIONS, ["decision", "reason"])
     for r in records:
+        if r.trace_decision is not None:
+            decisions.labels(*r.trace_decision).inc()
         duration.labels(r.model, r.code).observe(r.duration)
         requests.labels(r.model, r.code).inc()
         if r.ttft is not None:

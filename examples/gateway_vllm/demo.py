@@ -336,10 +336,16 @@ def _show(
         asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders), thinking))
         from stagelens.views.report import fetch, render_table
 
+        # The spans first: with every request's spans received the table's percentiles are
+        # the exact ones of those requests, not bucket estimates.
+        traces.wait_for(served.telemetry, args.requests)
         print()
-        print(render_table(fetch(metrics)))
+        print(render_table(fetch(metrics), traces.spans()))
         print()
-        slowest = traces.print_slowest(served.telemetry, args.requests)
+        kept, line = sampler_summary(metrics)
+        slowest = traces.print_slowest(served.telemetry, args.requests if kept is None else kept)
+        if line is not None:
+            _say(line)
         print()
         if thinking:
             traces.print_thinking()
@@ -351,6 +357,44 @@ def _show(
         _say("stack is up; Ctrl-C stops everything")
         while not stopping.is_set():
             stopping.wait(0.5)
+
+
+def sampler_summary(metrics_url: str) -> tuple[int | None, str | None]:
+    """What the tail sampler (``OTEL_TRACES_SAMPLER=stagelens_tail``) kept, read from the
+    gateway's ``/metrics``: (traces kept, one line saying how many of how many and why), or
+    (None, None) under another sampler (no decisions counted)."""
+    import httpx
+
+    from stagelens import semconv as sc
+
+    kept: dict[str, float] = {}
+    dropped = 0.0
+    try:
+        text = httpx.get(metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return None, None
+    for line in text.splitlines():
+        if not line.startswith(sc.TRACE_DECISIONS + "{"):
+            continue
+        labels = dict(
+            pair.split("=", 1) for pair in line.split("{", 1)[1].split("}", 1)[0].split(",")
+        )
+        value = float(line.rsplit(" ", 1)[1])
+        reason = labels.get(sc.LABEL_REASON, "").strip('"')
+        if labels.get(sc.LABEL_DECISION, "").strip('"') == sc.DECISION_KEPT:
+            kept[reason] = kept.get(reason, 0.0) + value
+        else:
+            dropped += value
+    if not kept and not dropped:
+        return None, None
+    total = int(sum(kept.values()))
+    why = ", ".join(f"{reason} {int(n)}" for reason, n in sorted(kept.items()) if n)
+    line = (
+        f"the tail sampler ({sc.TRACES_SAMPLER_TAIL}) kept {total} of {total + int(dropped)} "
+        f"traces ({why or 'none'}); the other {int(dropped)} were dropped unbuilt, and the "
+        "metrics above count every request"
+    )
+    return total, line
 
 
 def _start_traces(args: argparse.Namespace) -> Any:

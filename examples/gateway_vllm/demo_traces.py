@@ -127,6 +127,15 @@ class DemoTraces:
                 return
             time.sleep(0.05)
 
+    def spans(self) -> list[SpanRecord]:
+        """Every span received: the stage table's exact percentiles come from them."""
+        store = self.receiver.store
+        return [
+            span
+            for summary in store.summaries("recent", limit=len(store))
+            for span in store.get(summary.trace_id)
+        ]
+
     def slowest(self, *, thinking: bool = False) -> list[SpanRecord]:
         """The spans of the slowest complete trace received (its root arrived); with
         ``thinking``, of the slowest whose model reasoned (its root's time to first answer
