@@ -5,6 +5,8 @@ Variants (each its own uvicorn process, one worker, same proxy code):
   stagelens  instrument_app + instrument_httpx_client + 3 stage() blocks; every stage span
              and metric on, 100 % sampling, spans exported over OTLP/HTTP to a local sink
   metrics    stagelens with tracing sampled out (OTEL_TRACES_SAMPLER=always_off)
+  tail       (only with --variants) stagelens with the tail sampler
+             (OTEL_TRACES_SAMPLER=stagelens_tail at its default base ratio, 0.01)
   sdk        stagelens as ``stagelens`` but on the OTel SDK's TracerProvider (spans built on
              the request path, BatchSpanProcessor, SDK OTLP encoding): what the deferred
              tracer that configure() builds saves
@@ -97,7 +99,7 @@ PROXY = textwrap.dedent(
     client = httpx.AsyncClient(base_url=UPSTREAM, timeout=30)
     app = FastAPI()
 
-    if VARIANT in ("stagelens", "metrics", "sdk"):
+    if VARIANT in ("stagelens", "metrics", "sdk", "tail"):
         import stagelens
         from stagelens import Stage, stage
         sdk_provider = None
@@ -162,7 +164,7 @@ PROXY = textwrap.dedent(
 
     if VARIANT == "floor":
         app = capture_floor.middleware(app)
-    elif VARIANT in ("stagelens", "metrics", "sdk") and not os.environ.get("BENCH_NO_APP"):
+    elif VARIANT in ("stagelens", "metrics", "sdk", "tail") and not os.environ.get("BENCH_NO_APP"):
         stagelens.instrument_app(app, telemetry=telemetry, metrics_path="/metrics")
     elif VARIANT == "otel":
         from opentelemetry import trace
@@ -203,7 +205,9 @@ def proxy_env(variant: str, upstream_port: int, sink_port: int) -> dict[str, str
         "BENCH_VARIANT": variant,
         "BENCH_UPSTREAM": f"http://127.0.0.1:{upstream_port}",
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{sink_port}/v1/traces",
-        "OTEL_TRACES_SAMPLER": "always_off" if variant == "metrics" else "always_on",
+        "OTEL_TRACES_SAMPLER": {"metrics": "always_off", "tail": "stagelens_tail"}.get(
+            variant, "always_on"
+        ),
         "OTEL_SERVICE_NAME": "bench-proxy",
     }
 
@@ -361,7 +365,7 @@ def main() -> None:
                             f"http://127.0.0.1:{port}", args.seconds, args.concurrency, proxy.pid
                         )
                     )
-                    if variant in ("stagelens", "metrics", "sdk"):
+                    if variant in ("stagelens", "metrics", "sdk", "tail"):
                         check_full_work(f"http://127.0.0.1:{port}/metrics")
                 finally:
                     proxy.terminate()

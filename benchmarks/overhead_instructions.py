@@ -92,6 +92,9 @@ from overhead import (
 )
 
 _INSTRUMENTED = ("metrics", "stagelens")
+_CHECKED = (*_INSTRUMENTED, "tail")
+"""Variants whose ``/metrics`` must show the full work (``tail``, the tail sampler, is not
+run ``--against`` an older revision: older code falls back to the SDK's default sampler)."""
 """The variants that run stagelens: checked after their scrape, and run by ``--against``."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
@@ -136,7 +139,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
                 # docstring). A variant without /metrics answers 404, the same in both runs.
                 await asyncio.sleep(1)  # the last request is recorded after its last byte
                 scraped = await c.get("/metrics")
-                if variant in _INSTRUMENTED:  # refuse a flattering figure
+                if variant in _CHECKED:  # refuse a flattering figure
                     problem = full_work_problem(scraped.text, served=requests)
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
@@ -311,7 +314,7 @@ def main() -> None:
     try:
         work = write_programs(root, events[0])  # the sink (and the proxy) are the same for all
         servers.append(serve(work, "bench_sink", sink_port, {}))
-        wait_up(f"http://127.0.0.1:{sink_port}/")
+        wait_up(f"http://127.0.0.1:{sink_port}/", timeout=300)  # a busy machine
         seconds_per_instruction = 0.0
         for i, n in enumerate(events):
             work_n = work
@@ -320,7 +323,7 @@ def main() -> None:
                 work_n = write_programs(root / f"events-{n}", n)
             up_port = free_port()
             servers.append(serve(work_n, "bench_upstream", up_port, {}))
-            wait_up(f"http://127.0.0.1:{up_port}/")
+            wait_up(f"http://127.0.0.1:{up_port}/", timeout=300)
             runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
             results[n] = _per_request(work_n, variants, runs, up_port, sink_port)
             print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")

@@ -10,6 +10,7 @@ so the helpers bring both sources to one label set first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from grafana_foundation_sdk.builders import dashboard
@@ -21,15 +22,16 @@ from grafana_foundation_sdk.models.dashboard import (
 from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
+from stagelens.buckets import worst_ratio
 from stagelens.slo.config import SloConfig
 
 TAGS: Final = ["stagelens", "llm"]
 LATENCY_EXEMPLARS: Final = True
 """Ask for exemplars on the panels of the histograms that carry them: time to first token,
-request duration and stage duration (the latest sampled request per bucket, its trace id
-linked to the tracing data source by ``exemplarTraceIdDestinations``). The inter-token and
-upstream-first-token histograms carry none: their panels do not ask. Off, the generated
-JSON asks for none."""
+inter-token latency (a sampled request's worst gap), request duration and stage duration
+(the latest sampled request per bucket, its trace id linked to the tracing data source by
+``exemplarTraceIdDestinations``). The upstream-first-token histogram carries none: its
+panels do not ask. Off, the generated JSON asks for none."""
 
 WHERE: Final = 'cluster=~"$cluster", namespace=~"$namespace"'
 """Every stagelens and vLLM series: the environment chosen in the variables."""
@@ -130,6 +132,19 @@ def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str 
     )
 
 
+def quantile_bound(bounds: Sequence[float], low: float, high: float) -> str:
+    """The sentence a percentile panel carries about its error (issue 27): how far
+    ``histogram_quantile`` may be from the exact percentile on these bounds, read from the
+    bounds themselves so it cannot go stale."""
+    ratio = worst_ratio(bounds, low, high)
+    return (
+        f"Percentiles are histogram_quantile estimates: between {low * 1000:g} ms and "
+        f"{high:g} s the buckets are at most {ratio:.3g}x apart, so a figure is within "
+        f"{(ratio - 1) * 100:.0f} % of the exact one, and may lie above the slowest request. "
+        "stagelens report prints exact figures from spans (docs/percentiles.md)."
+    )
+
+
 def mean(metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
     """Mean observation of a histogram per ``by`` group: sum rate / count rate."""
     grouping = f"sum by ({by}) " if by else "sum "
@@ -139,24 +154,38 @@ def mean(metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str
     )
 
 
+GATEWAY_JOBS: Final = str(SloConfig.model_fields["gateway_job_regex"].default)
+"""The gateway's ``job`` (the SLO config's default ``gateway_job_regex``): the engine phases
+are read from every other job (the vLLM plugin's engines) where they report, else from it."""
+
+
+def _phase_sources(metric: str, by: str, selector: str, window: str) -> str:
+    """``sum by (by) (rate(metric))`` over every engine job, else over the gateway's jobs.
+
+    Why one source, summed across jobs: the gateway (vLLM's per-request figures) and the vLLM
+    plugin both record ``stagelens_engine_phase_duration_seconds`` for the same requests, so
+    adding the two would count each request twice; and a fleet percentile needs every
+    engine's buckets added before ``histogram_quantile`` (the larger of per-job quantiles is
+    no percentile of anything). The plugin's series where it reports, else the gateway's."""
+    plugin = f'{metric}{{{selector}, job!~"{GATEWAY_JOBS}"}}'
+    gateway = f'{metric}{{{selector}, job=~"{GATEWAY_JOBS}"}}'
+    return f"sum by ({by}) (rate({plugin}[{window}])) or sum by ({by}) (rate({gateway}[{window}]))"
+
+
 def engine_phase_quantile(q: float, by: str, selector: str, window: str = RATE) -> str:
-    """Quantile of the engine phases, per source then the larger: the gateway (vLLM's
-    per-request figures) and the vLLM plugin both record
-    ``stagelens_engine_phase_duration_seconds`` for the same requests; summing them would
-    count each request twice."""
-    metric = f"{sc.ENGINE_PHASE_DURATION}_bucket{{{selector}}}"
-    return (
-        f"max by ({by}) (histogram_quantile({q}, "
-        f"sum by (job, {by}, le) (rate({metric}[{window}]))))"
-    )
+    """Fleet quantile of the engine phases: ``histogram_quantile`` over the buckets of every
+    engine added together, from one source (see ``_phase_sources``)."""
+    by_le = f"{by}, le" if by else "le"
+    buckets = _phase_sources(f"{sc.ENGINE_PHASE_DURATION}_bucket", by_le, selector, window)
+    return f"histogram_quantile({q}, {buckets})"
 
 
 def engine_phase_mean(by: str, selector: str, window: str = RATE) -> str:
-    """Mean engine phase time, per source then the larger (see ``engine_phase_quantile``)."""
+    """Fleet mean engine phase time, from one source (see ``_phase_sources``)."""
     m = sc.ENGINE_PHASE_DURATION
     return (
-        f"max by ({by}) (sum by (job, {by}) (rate({m}_sum{{{selector}}}[{window}])) / "
-        f"sum by (job, {by}) (rate({m}_count{{{selector}}}[{window}])))"
+        f"({_phase_sources(f'{m}_sum', by, selector, window)}) / "
+        f"({_phase_sources(f'{m}_count', by, selector, window)})"
     )
 
 

@@ -15,8 +15,11 @@ from typing import Final
 from grafana_foundation_sdk.builders import bargauge, heatmap, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard as dashboard_builder
+from grafana_foundation_sdk.cog.builder import Builder
 from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models.dashboard import DashboardLink as DashboardLinkModel
 from grafana_foundation_sdk.models.dashboard import (
+    DashboardLinkType,
     DataSourceRef,
     DataTransformerConfig,
     DynamicConfigValue,
@@ -94,13 +97,18 @@ def timeseries_panel(
     threshold_lines: Steps | None = None,
     unstacked_refs: Sequence[str] = (),
     exemplars: bool = False,
+    exemplar_refs: Sequence[str] = (),
+    links: Sequence[tuple[str, str]] = (),
 ) -> timeseries.Panel:
     """A line chart with the house style; ``stacked`` for shares of a whole.
 
     ``threshold_lines`` draws the steps as dashed lines (an SLO objective, a budget);
     ``unstacked_refs`` names queries drawn as a dashed line over a stacked chart (the total
     the stack is compared with); ``exemplars`` asks Prometheus for exemplars on every query
-    (for latency histograms that carry them).
+    (for latency histograms that carry them), ``exemplar_refs`` on the queries named only
+    (a chart mixing a histogram that carries exemplars with one that carries none);
+    ``links`` are (title, url) panel links (the runbook section of the alert the panel
+    shows).
     """
     panel = (
         timeseries.Panel()
@@ -147,8 +155,25 @@ def timeseries_panel(
             ],
         )
     for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
-        panel = panel.with_target(_target(expr, legend, ref, exemplar=exemplars))
+        asks = exemplars or ref in exemplar_refs
+        panel = panel.with_target(_target(expr, legend, ref, exemplar=asks))
+    if links:
+        panel = panel.links(panel_links(links))
     return panel
+
+
+def panel_links(
+    links: Sequence[tuple[str, str]],
+) -> list[Builder[DashboardLinkModel]]:
+    """Panel links that open in a new tab: an on-call reading a panel reaches its runbook."""
+    built: list[Builder[DashboardLinkModel]] = [
+        dashboard_builder.DashboardLink(title)
+        .type(DashboardLinkType.LINK)
+        .url(url)
+        .target_blank(True)
+        for title, url in links
+    ]
+    return built
 
 
 def stat_panel(
@@ -160,6 +185,7 @@ def stat_panel(
     description: str = "",
     width: int = 6,
     decimals: int | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> stat.Panel:
     """The value of instant queries (one per series), coloured by ``steps``."""
     panel = (
@@ -179,6 +205,10 @@ def stat_panel(
         panel = panel.decimals(decimals)
     for ref, (expr, legend) in zip(_REF_IDS, queries, strict=False):
         panel = panel.with_target(_target(expr, legend, ref, instant=True))
+    if links:
+        panel = panel.links(panel_links(links))
+    if links:
+        panel = panel.links(panel_links(links))
     return panel
 
 
@@ -212,13 +242,20 @@ def bargauge_panel(
     return panel
 
 
+HEATMAP_MIN_INTERVAL: Final = "1m"
+"""A heatmap's cells: each is the increase over ``$__interval`` (the step), never shorter
+than this, so a cell holds several scrapes and no two cells count one observation twice
+(``increase[$__rate_interval]`` at a step shorter than the window did)."""
+
+
 def heatmap_panel(
     title: str, unit: str, expr: str, *, description: str = "", exemplars: bool = False
 ) -> heatmap.Panel:
-    """A heatmap of pre-bucketed Prometheus histogram increases."""
+    """A heatmap of pre-bucketed Prometheus histogram increases, one cell per step."""
     return (
         heatmap.Panel()
         .title(title)
+        .interval(HEATMAP_MIN_INTERVAL)
         .description(description)
         .datasource(DATASOURCE)
         .unit(unit)

@@ -22,6 +22,7 @@ from stagelens.dashboards.common import (
     engine_phase_quantile,
     mean,
     quantile,
+    quantile_bound,
 )
 from stagelens.dashboards.panels import (
     RATE,
@@ -30,7 +31,9 @@ from stagelens.dashboards.panels import (
     timeseries_panel,
 )
 
+from stagelens import buckets
 from stagelens import semconv as sc
+from stagelens.buckets import worst_ratio
 from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage
 
@@ -40,6 +43,9 @@ BEFORE_INFERENCE: Final = "|".join(
 )
 """The stages a request passes before the upstream call (a regex alternation)."""
 TTFT_PHASES: Final = f"{sc.PHASE_QUEUE}|{sc.PHASE_PREFILL}"
+CELL: Final = "$__interval"
+"""A heatmap cell's window: the step itself, so neighbouring cells never overlap (see
+``panels.HEATMAP_MIN_INTERVAL``)."""
 
 
 def stage_positions() -> str:
@@ -56,6 +62,20 @@ def stage_positions() -> str:
 
 def _as_inference(expr: str) -> str:
     return f'label_replace({expr}, "{sc.LABEL_STAGE}", "{INFERENCE}", "", "")'
+
+
+TTFT_BOUND: Final = quantile_bound(buckets.TTFT_BUCKETS, *buckets.TTFT_RANGE)
+ITL_BOUND: Final = quantile_bound(
+    buckets.INTER_TOKEN_LATENCY_BUCKETS, *buckets.INTER_TOKEN_LATENCY_RANGE
+)
+E2E_BOUND: Final = quantile_bound(buckets.REQUEST_DURATION_BUCKETS, *buckets.REQUEST_RANGE)
+STAGE_BOUND: Final = quantile_bound(buckets.STAGE_DURATION_BUCKETS, *buckets.STAGE_RANGE)
+ENGINE_BOUND: Final = (
+    "Engine phases keep vLLM's own bucket bounds, up to "
+    f"{worst_ratio(buckets.ENGINE_PHASE_BUCKETS, 0.001, 10.0):g}x apart between 1 ms and "
+    "10 s: a percentile there may be off by that factor."
+)
+"""What each family's percentile panels say about their error (issue 27)."""
 
 
 def budgeted_quantile(q: float, window: str) -> str:
@@ -90,8 +110,12 @@ def _ttft_breakdown() -> list[tuple[str, str]]:
     return [
         (mean(sc.STAGE_DURATION, sc.LABEL_STAGE, before), "{{stage}}"),
         (phase_means, "engine {{phase}}"),
+        # Without the engine phases (vLLM without the plugin, or a gateway that does not
+        # read them) the whole upstream wait is this band: scalar() of nothing is NaN,
+        # which erased it, so the phases count as 0 there (0 x the upstream figure, which
+        # exists exactly when this band has anything to show).
         (
-            f"clamp_min(({upstream}) - scalar(sum({phase_means})), 0)",
+            f"clamp_min(({upstream}) - (sum({phase_means}) or 0 * ({upstream})), 0)",
             "inference: network and vLLM frontend",
         ),
         (mean(sc.TIME_TO_FIRST_TOKEN, "", MODEL), "time to first token"),
@@ -136,7 +160,8 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 description=(
                     f"Stages in request order: {stage_order}. inference: its time to the first "
                     "upstream token, which its budget applies to (decode is shown beside, not "
-                    "in the share). Share: of the mean request's budgeted time."
+                    "in the share). Share: of the mean request's budgeted time. "
+                    f"{STAGE_BOUND}"
                 ),
             )
         )
@@ -166,7 +191,33 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 ],
                 threshold_lines=((None, "green"), (inference_budget, "red")),
                 description="The inference stage's budget (dashed) applies to its first upstream "
-                "token; decode grows with the answer's length and is no stage's to meet.",
+                "token; decode grows with the answer's length and is no stage's to meet. "
+                f"First upstream token: {TTFT_BOUND} {ENGINE_BOUND}",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Thinking: first token vs first answer token",
+                "s",
+                [
+                    (quantile(0.95, sc.TIME_TO_FIRST_TOKEN, "", MODEL), "p95 first token"),
+                    (
+                        quantile(0.95, sc.TIME_TO_FIRST_ANSWER_TOKEN, "", MODEL),
+                        "p95 first answer token",
+                    ),
+                    (
+                        f"{mean(sc.TIME_TO_FIRST_ANSWER_TOKEN, '', MODEL)} - "
+                        f"{mean(sc.TIME_TO_FIRST_TOKEN, '', MODEL)}",
+                        "mean thinking time",
+                    ),
+                ],
+                threshold_lines=((None, "green"), (cfg.answer_threshold_seconds, "red")),
+                # The TTFT histogram carries exemplars, the answer token's does not.
+                exemplar_refs=("A",) if LATENCY_EXEMPLARS else (),
+                description="A reasoning model streams its thinking first: its first token "
+                "comes early, the answer later. Thinking time: the mean time to first answer "
+                "token minus the mean time to first token (0 for a model that does not "
+                "reason). Dashed: the answer SLO threshold.",
             )
         )
         .with_row(dashboard.Row("Stages"))
@@ -179,7 +230,7 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                     for q in (0.5, 0.95, 0.99)
                 ],
                 exemplars=LATENCY_EXEMPLARS,
-                description="Gateway receipt to last byte sent.",
+                description=f"Gateway receipt to last byte sent. {E2E_BOUND}",
             )
         )
         .with_panel(
@@ -188,7 +239,7 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 "s",
                 [(quantile(0.95, sc.STAGE_DURATION, sc.LABEL_STAGE), "{{stage}}")],
                 exemplars=LATENCY_EXEMPLARS,
-                description="Whole time in each stage (inference includes decode).",
+                description=f"Whole time in each stage (inference includes decode). {STAGE_BOUND}",
             )
         )
         .with_row(dashboard.Row("Engine phases"))
@@ -199,8 +250,9 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 [(engine_phase_quantile(0.5, sc.LABEL_PHASE, MODEL), "{{phase}}")],
                 width=8,
                 description="The engine's own timings: queue, prefill, decode (and the vLLM "
-                "frontend where the plugin runs). One source per request: the larger of the "
-                "gateway's and the plugin's view.",
+                "frontend where the plugin runs), fleet percentiles: every engine's buckets "
+                "added, then the quantile. One source per request: the vLLM plugin's where it "
+                f"reports, else the gateway's. {ENGINE_BOUND}",
             )
         )
         .with_panel(
@@ -209,6 +261,7 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                 "s",
                 [(engine_phase_quantile(0.95, sc.LABEL_PHASE, MODEL), "{{phase}}")],
                 width=8,
+                description=ENGINE_BOUND,
             )
         )
         .with_panel(
@@ -224,7 +277,7 @@ def _latency_rows(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashb
                     )
                 ],
                 width=8,
-                description="Time requests waited for the engine's scheduler.",
+                description=f"Time requests waited for the engine's scheduler. {ENGINE_BOUND}",
             )
         )
     )
@@ -256,7 +309,7 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 ],
                 threshold_lines=ttft_line,
                 exemplars=LATENCY_EXEMPLARS,
-                description=f"SLO threshold {cfg.ttft_threshold_seconds:g}s (dashed).",
+                description=f"SLO threshold {cfg.ttft_threshold_seconds:g}s (dashed). {TTFT_BOUND}",
             )
         )
         .with_panel(
@@ -268,15 +321,17 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                     for q in (0.5, 0.95, 0.99)
                 ],
                 threshold_lines=itl_line,
-                description=f"Gap between streamed tokens; SLO threshold on a request's mean gap "
-                f"{cfg.itl_threshold_seconds:g}s (dashed).",
+                exemplars=LATENCY_EXEMPLARS,
+                description=f"Gap between streamed tokens; p95 symptom threshold "
+                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges each request by "
+                f"its worst gap (a stall); the dots are sampled requests' worst gaps. {ITL_BOUND}",
             )
         )
         .with_panel(
             heatmap_panel(
                 "TTFT distribution",
                 "s",
-                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.TIME_TO_FIRST_TOKEN}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
             )
         )
@@ -284,7 +339,8 @@ def request_path(cfg: SloConfig) -> DashboardModel:
             heatmap_panel(
                 "ITL distribution",
                 "s",
-                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{RATE}]))",
+                f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
+                exemplars=LATENCY_EXEMPLARS,
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))
@@ -331,6 +387,29 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "rejected them (401/429 gateway, 503 load balancer, 400 tokenizer, 404 router, "
                 "504/5xx inference; inference 200: the stream failed after its headers). No "
                 "series while nothing is rejected.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Traces kept by the tail sampler, by reason",
+                "percentunit",
+                [
+                    (
+                        f"sum by ({sc.LABEL_DECISION}, {sc.LABEL_REASON}) "
+                        f"(rate({sc.TRACE_DECISIONS}{{{WHERE}}}[{RATE}]))"
+                        f" / ignoring ({sc.LABEL_DECISION}, {sc.LABEL_REASON}) group_left "
+                        f"sum(rate({sc.TRACE_DECISIONS}{{{WHERE}}}[{RATE}]))",
+                        "{{decision}} {{reason}}",
+                    )
+                ],
+                stacked=True,
+                width=24,
+                description="Share of requests whose trace the tail sampler "
+                f"(OTEL_TRACES_SAMPLER={sc.TRACES_SAMPLER_TAIL}) kept, and why: error, "
+                "client_left, slow (against the SLO thresholds), parent (the caller sampled "
+                "it), ratio (the base ratio), exemplar; dropped fine is the rest, whose spans "
+                "were never built. All models (the decision has no model label); no series "
+                "under another sampler.",
             )
         )
         .build()

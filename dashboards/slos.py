@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
-from stagelens.dashboards.common import MODEL, base
+from stagelens.dashboards.common import MODEL, base, quantile_bound
 from stagelens.dashboards.panels import (
     NEUTRAL,
     bad_above,
@@ -19,11 +19,13 @@ from stagelens.dashboards.panels import (
 )
 
 from stagelens import semconv as sc
+from stagelens.buckets import TTFT_BUCKETS, TTFT_RANGE
 from stagelens.slo.alert_rules import BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
 from stagelens.slo.recording_rules import (
     BUDGET_REMAINING_RECORD,
     sli_error_ratio_record,
+    ttft_class_error_ratio_record,
     ttft_p95_record,
 )
 
@@ -32,7 +34,18 @@ SLI_TITLES = {
     sc.SLI_TTFT: "TTFT",
     sc.SLI_ITL: "Inter-token latency",
     sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
 }
+
+
+def runbook_url(cfg: SloConfig, alert: str) -> str:
+    """The runbook section of ``alert`` (the same anchor as its ``runbook_url``)."""
+    return f"{cfg.runbook_base_url}#{alert.lower()}"
+
+
+def classes_text(cfg: SloConfig) -> str:
+    """TTFT threshold per prompt-size class, for descriptions."""
+    return ", ".join(f"{size}: {seconds:g}s" for size, seconds in cfg.ttft_classes())
 
 
 def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.Dashboard:
@@ -41,8 +54,24 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
     objective = cfg.objectives[sli]
     budget = cfg.error_budget(sli)
     period = cfg.period
-    longs = [w.long for w in cfg.burn_windows]
-    factors = sorted({w.factor for w in cfg.burn_windows})
+    longs = [w.long for w in cfg.windows_for(sli)]
+    factors = sorted({w.factor for w in cfg.windows_for(sli)})
+    alert = BURN_ALERTS[sli]
+    links = [(f"Runbook: {alert}", runbook_url(cfg, alert))]
+    if sli == sc.SLI_TTFT:
+        # The TTFT burn pages per prompt-size class: one line per class, as the alert reads it.
+        burn = [
+            (
+                f"{ttft_class_error_ratio_record(w)}{{{selector}}} / {budget:.6g}",
+                "{{model}} {{prompt_size}} " + w,
+            )
+            for w in longs
+        ]
+    else:
+        burn = [
+            (f"{sli_error_ratio_record(w)}{{{selector}}} / {budget:.6g}", "{{model}} " + w)
+            for w in longs
+        ]
     burn_lines = [(None, "green"), *((f, "red" if f > 3 else "yellow") for f in factors)]
     return (
         board.with_row(dashboard.Row(f"{title}: {objective:.4g} over {period}"))
@@ -53,6 +82,7 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
                 [(f"1 - {sli_error_ratio_record(period)}{{{selector}}}", "{{model}}")],
                 steps=good_above(objective),
                 decimals=2,
+                links=links,
                 description=f"Share of good requests over {period}, per model; red below the "
                 f"objective {objective:g}.",
             )
@@ -64,6 +94,7 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
                 [(f"{BUDGET_REMAINING_RECORD}{{{selector}}}", "{{model}}")],
                 steps=((None, "red"), (0, "yellow"), (0.25, "green")),
                 decimals=1,
+                links=links,
                 description="1 - bad share / allowed bad share; below 0 the SLO is breached.",
             )
         )
@@ -71,14 +102,18 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
             timeseries_panel(
                 f"{title} burn rate",
                 "short",
-                [
-                    (f"{sli_error_ratio_record(w)}{{{selector}}} / {budget:.6g}", "{{model}} " + w)
-                    for w in longs
-                ],
+                burn,
                 threshold_lines=burn_lines,
-                description=f"1.0 spends the budget exactly over {period}. {BURN_ALERTS[sli]} "
+                links=links,
+                description=f"1.0 spends the budget exactly over {period}. {alert} "
                 "pages when a page pair's long and short windows are both above its factor "
-                "(dashed), with enough requests.",
+                f"(dashed), with at least {cfg.min_requests} requests and {cfg.min_bad_events} "
+                "bad ones."
+                + (
+                    " One line per prompt-size class: each burns its own budget."
+                    if sli == sc.SLI_TTFT
+                    else ""
+                ),
             )
         )
     )
@@ -90,8 +125,8 @@ def slos(cfg: SloConfig) -> DashboardModel:
         base(
             "stagelens-slos",
             "stagelens / SLOs",
-            f"Availability, TTFT <= {cfg.ttft_threshold_seconds:g}s, mean ITL <= "
-            f"{cfg.itl_threshold_seconds:g}s and goodput, per model, over {cfg.period}.",
+            f"Availability, TTFT per prompt-size class ({classes_text(cfg)}), ITL without "
+            f"stalls and goodput, per model, over {cfg.period}.",
             cfg,
         )
         .with_panel(
@@ -114,12 +149,25 @@ def slos(cfg: SloConfig) -> DashboardModel:
         )
         .with_panel(
             timeseries_panel(
-                "p95 time to first token by model",
+                "p95 time to first token by model and prompt size",
                 "s",
-                [(f"{ttft_p95_record(cfg.ttft_p95_window)}{{{MODEL}}}", "{{model}}")],
+                [
+                    (
+                        f"{ttft_p95_record(cfg.ttft_p95_window)}{{{MODEL}}}",
+                        "{{model}} {{prompt_size}}",
+                    )
+                ],
                 threshold_lines=bad_above(cfg.ttft_threshold_seconds),
-                description="StagelensTTFTP95High opens a ticket above "
-                f"{cfg.ttft_threshold_seconds:g}s (dashed) for {cfg.ttft_p95_for}.",
+                links=[
+                    (
+                        f"Runbook: {sc.ALERT_TTFT_P95_HIGH}",
+                        runbook_url(cfg, sc.ALERT_TTFT_P95_HIGH),
+                    )
+                ],
+                description="StagelensTTFTP95High opens a ticket when a class's p95 stays "
+                f"above its threshold ({classes_text(cfg)}) for {cfg.ttft_p95_for}; the dashed "
+                f"line is the default {cfg.ttft_threshold_seconds:g}s. "
+                f"{quantile_bound(TTFT_BUCKETS, *TTFT_RANGE)}",
             )
         )
     )

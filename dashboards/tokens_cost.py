@@ -76,14 +76,24 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
     """Dashboard 2: tokens by model/tenant, spend against daily caps, unit costs, billing."""
     tokens = f"{sc.TOKENS}{{{MODEL}, {TENANT}}}"
     output = f'{sc.TOKENS}{{{MODEL}, {TENANT}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
+    reasoning = f'{sc.TOKENS}{{{MODEL}, {TENANT}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_REASONING}"}}'
     cost = f"{sc.COST_USD}{{{MODEL}, {TENANT}}}"
     fleet_output = f'{sc.TOKENS}{{{WHERE}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
     gpu_where = 'cluster=~"$cluster"'
-    gpus = (
-        f"(count({sc.GPU_MEMORY_TOTAL}{{{gpu_where}}}) or count({sc.DCGM_FB_USED}{{{gpu_where}}}))"
+    # Every GPU once, whichever exporter sees it: keyed by UUID, stagelens' where it runs,
+    # DCGM's for the rest (`count(a) or count(b)` counted only one exporter's GPUs).
+    dcgm_gpus = (
+        f'label_replace({sc.DCGM_FB_USED}{{{gpu_where}}}, "{sc.LABEL_UUID}", "$1", '
+        f'"{sc.DCGM_UUID}", "(.*)")'
     )
+    gpus = (
+        f"max by ({sc.LABEL_UUID}) ({sc.GPU_MEMORY_TOTAL}{{{gpu_where}}}) or "
+        f"max by ({sc.LABEL_UUID}) ({dcgm_gpus})"
+    )
+    # Each GPU at its published price, else at the configured one.
     usd_per_hour = (
-        f"(sum({sc.GPU_COST_PER_HOUR}{{{gpu_where}}}) or {gpus} * {cfg.gpu_hourly_cost_usd!r})"
+        f"sum(max by ({sc.LABEL_UUID}) ({sc.GPU_COST_PER_HOUR}{{{gpu_where}}}) or "
+        f"0 * ({gpus}) + {cfg.gpu_hourly_cost_usd!r})"
     )
     spent = f"{COST_SPENT_RECORD}{{{WHERE}, {TENANT}}}"
     multiple = cfg.cost_page_multiple
@@ -115,6 +125,23 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
                         "{{model}} {{tenant}} {{type}}",
                     )
                 ],
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Reasoning share of output by model and tenant",
+                "percentunit",
+                [
+                    (
+                        f"sum by ({sc.LABEL_MODEL}, {sc.LABEL_TENANT}) (rate({reasoning}[{RATE}]))"
+                        f" / sum by ({sc.LABEL_MODEL}, {sc.LABEL_TENANT}) "
+                        f"(rate({output}[{RATE}])) > 0",
+                        "{{model}} {{tenant}}",
+                    )
+                ],
+                description="Of the output tokens (billed at the output rate), the share the "
+                "model spent thinking (reasoning models only; a model that does not reason "
+                "draws no line).",
             )
         )
         .with_row(dashboard.Row("Spend"))
@@ -180,8 +207,9 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
                     f"Fleet-wide: USD per second of GPU time (sum over GPUs of "
                     f"{sc.GPU_COST_PER_HOUR}, the price the GPU exporter publishes, / 3600) "
                     "divided by every output token per second, whatever the model or tenant "
-                    "variables say (GPUs are not attributed to them). Where no GPU publishes a "
-                    f"price: GPUs seen x {cfg.gpu_hourly_cost_usd:g} USD/GPU-hour."
+                    "variables say (GPUs are not attributed to them). A GPU that publishes no "
+                    f"price (DCGM only) counts {cfg.gpu_hourly_cost_usd:g} USD/GPU-hour; each GPU "
+                    "once by UUID, whichever exporters see it."
                 ),
             )
         )

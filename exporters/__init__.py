@@ -19,6 +19,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider as SdkMeterProvider
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from prometheus_client import CollectorRegistry, start_http_server
 from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.nvml import (
@@ -111,6 +112,7 @@ def configure(
     metrics_addr: str = "127.0.0.1",
     gpu: bool | None = None,
     meter_provider: metrics.MeterProvider | None = None,
+    sampler: Sampler | None = None,
     **overrides: Any,
 ) -> Telemetry:
     """Set up tracing and Prometheus metrics; return the Telemetry to instrument apps with.
@@ -120,7 +122,10 @@ def configure(
       exporting to ``span_exporters`` or, by default, to what ``OTEL_TRACES_EXPORTER`` /
       ``OTEL_EXPORTER_OTLP_*`` name (OTLP over HTTP/protobuf unless ``grpc``), through a
       bounded queue whose drops are counted. ``OTEL_SERVICE_NAME`` and
-      ``OTEL_TRACES_SAMPLER`` are honoured.
+      ``OTEL_TRACES_SAMPLER`` are honoured; ``sampler`` overrides the latter
+      (``stagelens.TailSampler(ratio)`` is ``OTEL_TRACES_SAMPLER=stagelens_tail`` with
+      ``OTEL_TRACES_SAMPLER_ARG=ratio``: traces kept by what happened to their request,
+      decided when it ends; see ``stagelens.tail_sampling``).
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
       ``PROMETHEUS_MULTIPROC_DIR`` is set. ``metrics_port`` also starts a separate
@@ -156,6 +161,7 @@ def configure(
             count_dropped,
             max_queue_size=resolved.span_queue_size,
             service_name="stagelens-gateway",
+            sampler=sampler,
         )
     telemetry = Telemetry(
         resolved,

@@ -57,6 +57,7 @@ from opentelemetry.trace import (
 from opentelemetry.util.types import Attributes, AttributeValue
 
 from stagelens import _compat, semconv
+from stagelens.tail_sampling import PendingTrace, TailSampler, sampler_from_env
 
 logger = logging.getLogger("stagelens")
 
@@ -103,6 +104,7 @@ class RecordedSpan(trace.Span):
         "_name",
         "_parent_id",
         "_parent_remote",
+        "_pending",
         "_provider",
         "_scope",
         "_span_id",
@@ -125,6 +127,7 @@ class RecordedSpan(trace.Span):
         start: int,
         attributes: dict[str, Any],
         links: list[Link] | None,
+        pending: PendingTrace | None = None,
     ) -> None:
         self._provider = provider
         self._scope = scope
@@ -142,14 +145,24 @@ class RecordedSpan(trace.Span):
         self._links = links
         self._status = _UNSET
         self._context: SpanContext | None = None
+        self._pending = pending
+
+    @property
+    def pending_trace(self) -> PendingTrace | None:
+        """The trace's keep decision under the tail sampler, None under any other."""
+        return self._pending
 
     # -- the Span API --------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
-        """Built on first use: stage spans never need one."""
+        """Built on first use: stage spans never need one. Sampled unless the trace's
+        keep decision is still pending (the tail sampler): then the ``traceparent`` sent
+        upstream says what is decided so far, not sampled."""
         ctx = self._context
         if ctx is None:
+            pending = self._pending
+            flags = _SAMPLED if pending is None or pending.kept else _NOT_SAMPLED
             ctx = self._context = SpanContext(
-                self._trace_id, self._span_id, False, _SAMPLED, self._trace_state
+                self._trace_id, self._span_id, False, flags, self._trace_state
             )
         return ctx
 
@@ -227,7 +240,16 @@ class RecordedSpan(trace.Span):
         if self._end is not None:
             return
         self._end = end_time if end_time is not None else time.time_ns()
-        self._provider._enqueue(self)
+        pending = self._pending
+        if pending is None:
+            self._provider._enqueue(self)
+            return
+        if pending.owner is self:
+            pending.owner = None
+            # A local root nobody decided for (a trace begun outside the middleware): an
+            # error keeps it, as the middleware's first rule would.
+            pending.settle(self._status.status_code is StatusCode.ERROR)
+        pending.add(self)
 
     # -- read by the exporters (worker thread, after end) ---------------------------------
     @property
@@ -300,7 +322,8 @@ class RecordedSpan(trace.Span):
         )
         return ReadableSpan(
             name=self._name,
-            context=self.get_span_context(),
+            # Exported, so sampled (a tail-kept span's own context said pending).
+            context=SpanContext(self._trace_id, self._span_id, False, _SAMPLED, self._trace_state),
             parent=parent,
             resource=resource,
             attributes=BoundedAttributes(MAX_ATTRIBUTES, self._attributes),
@@ -348,7 +371,10 @@ class DeferredTracer(trace.Tracer):
             parent_id: int | None = parent._span_id
             parent_remote = False
             trace_state = parent._trace_state
+            pending = parent._pending
+            local_root = False
         else:
+            local_root = True
             parent_ctx = parent.get_span_context()
             if parent_ctx.is_valid:
                 trace_id, parent_id = parent_ctx.trace_id, parent_ctx.span_id
@@ -359,17 +385,29 @@ class DeferredTracer(trace.Tracer):
                 context, trace_id, name, kind, attributes, links
             )
             trace_state = decision.trace_state or _EMPTY_STATE
-            if decision.decision is not Decision.RECORD_AND_SAMPLE:
+            tail = provider.tail
+            if tail is not None:
+                # Every trace is recorded; its spans wait for the request's end unless the
+                # start already decided (RECORD_AND_SAMPLE: a sampled parent or the ratio).
+                pending = PendingTrace(
+                    provider._enqueue,
+                    tail.head_reason(parent_ctx.trace_flags.sampled)
+                    if decision.decision is Decision.RECORD_AND_SAMPLE
+                    else None,
+                )
+            elif decision.decision is not Decision.RECORD_AND_SAMPLE:
                 # RECORD_ONLY is treated as DROP: a span that is never exported is not
                 # worth recording here.
                 return NonRecordingSpan(
                     SpanContext(trace_id, _new_id(64), False, _NOT_SAMPLED, trace_state)
                 )
+            else:
+                pending = None
             extra = decision.attributes
         attrs: dict[str, Any] = dict(attributes) if attributes else {}
         if extra:
             attrs.update(extra)
-        return RecordedSpan(
+        span = RecordedSpan(
             provider,
             self._scope,
             name,
@@ -381,7 +419,11 @@ class DeferredTracer(trace.Tracer):
             start_time if start_time is not None else time.time_ns(),
             attrs,
             list(links) if links else None,
+            pending,
         )
+        if pending is not None and local_root:
+            pending.owner = span
+        return span
 
     @contextmanager
     def start_as_current_span(  # type: ignore[override]
@@ -422,6 +464,8 @@ class DeferredTracerProvider(trace.TracerProvider):
     ) -> None:
         self.resource = resource if resource is not None else Resource.create({})
         self.sampler = sampler if sampler is not None else _sampler_from_env()
+        self.tail = self.sampler if isinstance(self.sampler, TailSampler) else None
+        """The tail sampler when it is the sampler: traces then wait for their end."""
         self._exporters = list(exporters)
         self._sinks = [_sink_for(e, self.resource) for e in self._exporters]
         self._count = count_dropped
@@ -555,8 +599,12 @@ class DeferredTracerProvider(trace.TracerProvider):
 
 
 def _sampler_from_env() -> Sampler:
-    """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names, as the SDK's provider picks it (read
-    through a throwaway SDK provider: the SDK's own reader is private)."""
+    """The sampler ``OTEL_TRACES_SAMPLER[_ARG]`` names: ``stagelens_tail``, or one of the
+    SDK's, as the SDK's provider picks it (read through a throwaway SDK provider: the SDK's
+    own reader is private)."""
+    tail = sampler_from_env()
+    if tail is not None:
+        return tail
     return SdkTracerProvider(shutdown_on_exit=False).sampler
 
 

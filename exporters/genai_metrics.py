@@ -11,7 +11,10 @@ that read OTLP and the conventions' names, as Envoy AI Gateway and Kong emit the
   (output tokens - 1), the semconv's own definition, successful streamed answers with two
   or more output tokens;
 - ``gen_ai.client.token.usage`` (``{token}``): the billed input and output tokens, one value
-  each, ``gen_ai.token.type`` ``input`` / ``output``.
+  each, ``gen_ai.token.type`` ``input`` / ``output``; for a request whose model reasoned, a
+  third value, ``reasoning`` (a stagelens extension of the type's values): the part of its
+  output spent thinking, so that the reasoning share per model reads
+  ``sum(reasoning) / sum(output)``.
 
 Definitions: semantic conventions v1.41.0 (open-telemetry/semantic-conventions, tag
 v1.41.0, ``model/gen-ai/metrics.yaml`` for names, units and attributes,
@@ -241,6 +244,9 @@ class GenAIMetrics:
                 billed.output_tokens,
                 {**attributes, token_type: sc.GEN_AI_TOKEN_TYPE_OUTPUT},
             )
+            reasoning = billed.reasoning_tokens
+            if reasoning and _usable(reasoning):  # a model that reasons: its share of output
+                usage.record(reasoning, {**attributes, token_type: sc.GEN_AI_TOKEN_TYPE_REASONING})
 
     def _attributes(self, record: RequestRecord, call: GenAICall) -> dict[str, AttributeValue]:
         """The attributes every GenAI instrument shares for this request."""

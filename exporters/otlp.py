@@ -29,6 +29,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace.sampling import Sampler
 from stagelens.exporters.deferred import DeferredTracerProvider, DropCounter
 
 from stagelens._compat import metric_exporter_preferences
@@ -165,16 +166,19 @@ def build_tracer_provider(
     count_dropped: DropCounter,
     max_queue_size: int = 2048,
     service_name: str | None = None,
+    sampler: Sampler | None = None,
 ) -> DeferredTracerProvider:
     """A deferred tracer provider with the env's Resource and sampler, exporting to
     ``exporters`` through one bounded queue. ``OTEL_SERVICE_NAME`` /
     ``OTEL_RESOURCE_ATTRIBUTES`` win over ``service_name``; ``OTEL_TRACES_SAMPLER[_ARG]`` is
-    read as the SDK reads it, and so are the batch processor's ``OTEL_BSP_SCHEDULE_DELAY``
+    read as the SDK reads it (``stagelens_tail`` too: ``stagelens.tail_sampling``) unless
+    ``sampler`` is given, and so are the batch processor's ``OTEL_BSP_SCHEDULE_DELAY``
     (ms, default 1000) and ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512)."""
     return DeferredTracerProvider(
         exporters,
         count_dropped,
         resource=resource_from_env(service_name),
+        sampler=sampler,
         max_queue_size=max_queue_size,
         max_export_batch_size=_env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512),
         schedule_delay_seconds=_env_int("OTEL_BSP_SCHEDULE_DELAY", 1000) / 1000,

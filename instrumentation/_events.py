@@ -7,6 +7,9 @@ content event from its bytes; anything else is parsed by ``_openai``):
   the app has sent so far (see ``stagelens.request.InferenceFacts``): the request's first
   token and its inter-token gaps are read from those marks when it ends, per SSE event,
   however the network coalesced them;
+- the first answer-bearing event (anything but reasoning, ``_openai``) is marked for the
+  time to first answer token, and reasoning-only events are counted (the reasoning tokens
+  of a stream whose usage does not say them);
 - the usage, finish reasons, response id and engine timings are taken, an error event is
   a failure after the headers, ``[DONE]`` and the usage event end the stream;
 - the usage event stagelens asked for (the app did not) is removed: the app reads every
@@ -46,6 +49,7 @@ class EventReader:
     """The per-event state of one streamed call (the base of ``_UpstreamCall``)."""
 
     __slots__ = (
+        "_answered",
         "_asked_usage",
         "_ended",
         "_failure",
@@ -64,6 +68,8 @@ class EventReader:
         "_partial",
         "_passing",
         "_prefix",
+        "_reasoning",
+        "_reasoning_reported",
         "_recording",
         "_response_id",
         "_sends",
@@ -101,6 +107,12 @@ class EventReader:
         self._unmarked = 0
         """Output-bearing events read outside a request (inside one each is a mark)."""
         self._first_output_at: float | None = None
+        self._answered = False
+        """An answer-bearing event arrived (a content event read from its bytes is one)."""
+        self._reasoning = 0
+        """Reasoning-only output events read (each one token: vLLM streams one a delta)."""
+        self._reasoning_reported = False
+        """``_usage`` says the reasoning tokens itself."""
         self._last_output_ns = 0
         """Wall clock of the latest output (recorded spans: the engine spans end there)."""
         self._partial = b""
@@ -205,8 +217,8 @@ class EventReader:
                 and chunk[at + len(key)] != 34  # the value's first byte: not empty
                 and chunk.startswith(b"data:")
             ):
-                if self._first_output_at is None:
-                    self._first_output(0)
+                if not self._answered:  # (a content event answers)
+                    self._first_answer(0)
                 marks, sends = self._marks0, self._sends
                 if marks is not None and sends is not None:
                     marks.append(len(sends))
@@ -247,6 +259,8 @@ class EventReader:
                 and payload.find(b"\n") < 0
             ):
                 # (One data line: lines joined are no JSON an encoder writes.)
+                if not self._answered:
+                    self._first_answer(0)
                 self._output(0)
                 self._last_fast = b"data:" + payload
                 continue
@@ -256,8 +270,8 @@ class EventReader:
             facts = self._parse(payload)
             if facts is None:
                 continue
-            for choice in facts.outputs:
-                self._output(choice)
+            if facts.outputs:
+                self._outputs(facts)
             self.take(facts)
             if self._strip and facts.usage_only:
                 dropped.append((start, stop))
@@ -283,6 +297,14 @@ class EventReader:
 
     def _report(self, component: str, exc: BaseException) -> None:
         """Count a failure to read (``_UpstreamCall`` reports it)."""
+
+    def _outputs(self, facts: _openai.EventFacts) -> None:
+        """A parsed event's output: each choice's, its reasoning counted, its answer marked."""
+        if facts.answers and not self._answered:
+            self._first_answer(facts.outputs[0])
+        self._reasoning += len(facts.reasoning)
+        for choice in facts.outputs:
+            self._output(choice)
 
     def _output(self, choice: int) -> None:
         """One output-bearing event of ``choice`` arrived."""
@@ -318,11 +340,26 @@ class EventReader:
         if inference is not None and sends is not None and inference.first_output is None:
             inference.first_output = len(sends)
 
+    def _first_answer(self, choice: int) -> None:
+        """The call's first answer-bearing event arrived now (its first output too, when
+        no reasoning came before it)."""
+        self._answered = True
+        if self._first_output_at is None:
+            self._first_output(choice)
+        self.mark_first_answer()
+
+    def mark_first_answer(self) -> None:
+        """The request's first answer output arrived now (the first of any of its calls)."""
+        inference, sends = self._inference, self._sends
+        if inference is not None and sends is not None and inference.first_answer is None:
+            inference.first_answer = len(sends)
+
     def take(self, facts: _openai.EventFacts) -> None:
         """Apply an event's facts beyond its output: usage, end of stream, failure, and
         what only the span shows."""
         if facts.usage is not None:
             self._usage = facts.usage
+            self._reasoning_reported = facts.reasoning_reported
             self._usage_after = self._last_fast
             if facts.usage_only:
                 self._ended = True
@@ -379,6 +416,7 @@ class EventReader:
                     self._response_id = facts.id  # no event was parsed before it
                 if facts.usage is not None and (newer or self._usage is None):
                     self._usage = facts.usage  # a running total (continuous usage stats)
+                    self._reasoning_reported = facts.reasoning_reported
                 if facts.finish_reasons:
                     self._ended = True
                     if self._recording:

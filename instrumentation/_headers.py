@@ -172,6 +172,8 @@ def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bo
     """Add the trace context of ``span`` (the current context when it is not recorded) to
     ``request``, and ``X-Request-Id`` naming ``span`` when it is recorded and the app set
     none; return the request id sent (the app's own, or the one minted), None when none is.
+    A span recorded but not sampled (the tail sampler, before the request's end decides)
+    gets no id either: the engine's spans would name a trace that may be dropped.
 
     Why no id for a span that is not recorded: the id is what joins the engine's side of a
     request to its trace, and an unrecorded trace has nothing to join; a random id would be
@@ -191,12 +193,16 @@ def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bo
     baggage_propagator = _default_baggage_propagator()
     if baggage_propagator is None:  # other propagators: called as they are
         if recording and request_id is None:
-            request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span.get_span_context())
+            span_context = span.get_span_context()
+            if span_context.trace_flags.sampled:
+                request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context)
         _inject(added, trace.set_span_in_context(span) if recording else None)
     else:
         context = _current_context()  # the span's, but for the span: baggage is read from it
         span_context = span.get_span_context() if recording else _current_span_context(context)
-        if recording and request_id is None:
+        # Recorded but not sampled (the tail sampler's decision still pending): the engine
+        # side would export spans for a trace that may be dropped, so no id names it.
+        if recording and request_id is None and span_context.trace_flags.sampled:
             request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context)
         _inject_w3c(added, span_context, context, baggage_propagator)
     _add_headers(headers, added, present)

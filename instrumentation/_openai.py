@@ -12,6 +12,11 @@ non-empty string, or a non-empty ``tool_calls`` list: a content or completion-te
 tool-call delta (the first one names the function), reasoning text. A role-only delta
 (``"content": ""``), an empty finish delta, the usage event, an error event and ``[DONE]``
 are not output. ``_sse.output_fast`` answers the common case without parsing.
+
+**Answer-bearing.** Output that is not reasoning: an event whose only output is
+``reasoning_content`` or ``reasoning`` text is thinking; any other output (content, a tool
+call, a completion's text, a refusal) is the answer, even beside reasoning. The first
+answer-bearing event times the first answer token (``EventFacts.reasoning``).
 """
 
 from __future__ import annotations
@@ -55,22 +60,40 @@ _TEXT_KEYS: Final = frozenset(("content", "text", "reasoning_content", "reasonin
 """Keys whose non-empty string value is generated output."""
 
 
-def has_output(value: Any) -> bool:
-    """Some object in ``value`` carries output (see the module docstring)."""
+_REASONING_KEYS: Final = frozenset(("reasoning_content", "reasoning"))
+"""Of ``_TEXT_KEYS``, those whose text is thinking, not the answer."""
+NO_OUTPUT: Final = 0
+REASONING: Final = 1
+"""``output_kind``: the only output is reasoning text."""
+ANSWER: Final = 2
+"""``output_kind``: some output is not reasoning (content, a tool call, text, a refusal)."""
+
+
+def output_kind(value: Any) -> int:
+    """``ANSWER``, ``REASONING`` or ``NO_OUTPUT`` for what ``value`` carries (see the
+    module docstring): the walk stops at the first answer output."""
+    found = NO_OUTPUT
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, dict):
             for key, inner in item.items():
                 if key in _TEXT_KEYS and isinstance(inner, str) and inner:
-                    return True
-                if key == "tool_calls" and isinstance(inner, list) and inner:
-                    return True
-                if isinstance(inner, dict | list):
+                    if key not in _REASONING_KEYS:
+                        return ANSWER
+                    found = REASONING
+                elif key == "tool_calls" and isinstance(inner, list) and inner:
+                    return ANSWER
+                elif isinstance(inner, dict | list):
                     stack.append(inner)
         elif isinstance(item, list):
             stack.extend(inner for inner in item if isinstance(inner, dict | list))
-    return False
+    return found
+
+
+def has_output(value: Any) -> bool:
+    """Some object in ``value`` carries output (see the module docstring)."""
+    return output_kind(value) != NO_OUTPUT
 
 
 def _count(value: Any) -> int:
@@ -89,11 +112,23 @@ def usage_of(body: Any) -> Usage | None:
         return None
     details = usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    output = usage.get("completion_tokens_details")
+    reasoning = output.get("reasoning_tokens") if isinstance(output, dict) else None
     return Usage(
         input_tokens=_count(usage.get("prompt_tokens")),
         output_tokens=_count(usage.get("completion_tokens")),
         cached_input_tokens=_count(cached),
+        reasoning_output_tokens=_count(reasoning),
     )
+
+
+def reports_reasoning(body: Any) -> bool:
+    """The usage of ``body`` says how many of its tokens were reasoning (vLLM started with
+    a reasoning parser writes ``completion_tokens_details.reasoning_tokens``, 0 included);
+    without it, the reasoning events received are counted instead."""
+    usage = body.get("usage") if isinstance(body, dict) else None
+    details = usage.get("completion_tokens_details") if isinstance(usage, dict) else None
+    return isinstance(details, dict) and details.get("reasoning_tokens") is not None
 
 
 def add_usage(total: Usage | None, more: Usage) -> Usage:
@@ -104,6 +139,7 @@ def add_usage(total: Usage | None, more: Usage) -> Usage:
         input_tokens=total.input_tokens + more.input_tokens,
         output_tokens=total.output_tokens + more.output_tokens,
         cached_input_tokens=total.cached_input_tokens + more.cached_input_tokens,
+        reasoning_output_tokens=total.reasoning_output_tokens + more.reasoning_output_tokens,
     )
 
 
@@ -124,14 +160,20 @@ class EventFacts:
         "model",
         "no_choices",
         "outputs",
+        "reasoning",
+        "reasoning_reported",
         "usage",
     )
 
     def __init__(self, body: Any, raw: bytes | None = None, *, outputs: bool = True) -> None:
         self.outputs: list[int] = []
         """Choice indices that carry output in this event (index 0 outside choices)."""
+        self.reasoning: list[int] = []
+        """Of ``outputs``, those whose only output is reasoning (the others answer)."""
         self.finish_reasons: list[str] = []
         self.usage = usage_of(body)
+        self.reasoning_reported = self.usage is not None and reports_reasoning(body)
+        """The usage says how many tokens were reasoning (else they are counted)."""
         self.error = False
         """An error event (``{"error": ...}`` or ``"object": "error"``)."""
         self.id: str | None = None
@@ -141,8 +183,8 @@ class EventFacts:
         """No choice in it (vLLM's usage event has ``"choices": []``)."""
         walk = outputs and (raw is None or _OUTPUT_KEY.search(raw) is not None)
         if not isinstance(body, dict):
-            if walk and has_output(body):  # not an OpenAI event, but output all the same
-                self.outputs.append(0)
+            if walk:  # not an OpenAI event, but output all the same
+                self._add(0, output_kind(body))
             return
         rid, model, metrics = body.get("id"), body.get("model"), body.get("metrics")
         self.id = rid if isinstance(rid, str) else None
@@ -165,14 +207,27 @@ class EventFacts:
                 reason = choice.get("finish_reason")
                 if isinstance(reason, str) and reason:
                     self.finish_reasons.append(reason)
-                if has_output(choice):
+                kind = output_kind(choice)
+                if kind:
                     index = choice.get("index")
                     if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
-                        self.outputs.append(index)
+                        self._add(index, kind)
                     else:
-                        self.outputs.append(position)
-        if not self.outputs and not self.error and has_output(rest):
-            self.outputs.append(0)
+                        self._add(position, kind)
+        if not self.outputs and not self.error:
+            self._add(0, output_kind(rest))
+
+    def _add(self, choice: int, kind: int) -> None:
+        """``choice`` carries output of ``kind`` (``output_kind``) in this event."""
+        if kind:
+            self.outputs.append(choice)
+            if kind == REASONING:
+                self.reasoning.append(choice)
+
+    @property
+    def answers(self) -> bool:
+        """Some choice of this event carries answer output (not only reasoning)."""
+        return len(self.reasoning) < len(self.outputs)
 
     @property
     def usage_only(self) -> bool:

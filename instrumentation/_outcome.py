@@ -64,20 +64,48 @@ def sli_verdicts(
     client_gone: bool,
     ttft: float | None,
     waited: float,
-    gaps: list[float],
+    worst_gap: float | None,
     ttft_threshold: float,
-    itl_threshold: float,
+    stall_threshold: float,
+    client_left_bad_after: float,
+    ttfat: float | None = None,
+    answer_threshold: float | None = None,
 ) -> tuple[tuple[str, bool], ...]:
     """(sli, bad) for each SLI that counts the request (``semconv.SLI_*`` say which).
 
-    ``server_failed``: answered 5xx, or failed after its 200 headers. ``waited``: seconds
-    from receipt to the request's end (for a client gone before its first token).
+    ``code``: the status the app answered (or would have: 499 when the client left before
+    any, 500 when it failed before any), not the ``code`` label. ``server_failed``:
+    answered 5xx, or failed after its 200 headers. ``waited``: seconds from receipt to the
+    request's end, which for a client gone is when its departure was noticed (the server
+    stops working on it then). ``worst_gap``: the longest inter-token gap of a request with
+    two or more output events, else None. ``ttft_threshold``: that of the request's
+    prompt-size class. ``ttfat``: the time to first answer token, judged against
+    ``answer_threshold`` (no ``answer`` verdict without a threshold).
+
+    The rules, and why:
+
+    - availability: a client gone is left out unless it had waited longer than
+      ``client_left_bad_after`` (then bad: clients timing out on a hang are an outage the
+      server never answered with a 5xx);
+    - itl: bad when the worst gap exceeds ``stall_threshold`` (a user sees a freeze, not a
+      mean) or the stream failed after its first token;
+    - goodput: bad when TTFT or ITL is, or when the stream was cut (failed, client gone)
+      after exactly one output event: with one event there is no gap for the stall rule to
+      judge, and a first token followed by nothing is no answer;
+    - answer: bad when the first answer token (not reasoning) came later than
+      ``answer_threshold``, or a stream with output never reached an answer.
     """
     verdicts: list[tuple[str, bool]] = []
     if not client_gone:
         verdicts.append((sc.SLI_AVAILABILITY, server_failed))
+    elif waited > client_left_bad_after:
+        verdicts.append((sc.SLI_AVAILABILITY, True))
     if not streamed or 400 <= code < 500:
         return tuple(verdicts)
+    if answer_threshold is not None:
+        answer = _answer_verdict(ttfat, ttft, client_gone, server_failed, waited, answer_threshold)
+        if answer is not None:
+            verdicts.append((sc.SLI_ANSWER, answer))
     if ttft is not None:
         ttft_bad = ttft > ttft_threshold
     elif client_gone:
@@ -89,12 +117,35 @@ def sli_verdicts(
     else:
         return tuple(verdicts)  # an answer without output: no first token to judge
     verdicts.append((sc.SLI_TTFT, ttft_bad))
-    itl_bad = False
-    if gaps:  # at least two output-bearing events
-        itl_bad = server_failed or sum(gaps) / len(gaps) > itl_threshold
+    if worst_gap is not None:  # at least two output-bearing events
+        itl_bad = server_failed or worst_gap > stall_threshold
         verdicts.append((sc.SLI_ITL, itl_bad))
-    verdicts.append((sc.SLI_GOODPUT, ttft_bad or itl_bad))
+        verdicts.append((sc.SLI_GOODPUT, ttft_bad or itl_bad))
+    else:
+        cut = ttft is not None and (server_failed or client_gone)  # after one event
+        verdicts.append((sc.SLI_GOODPUT, ttft_bad or cut))
     return tuple(verdicts)
+
+
+def _answer_verdict(
+    ttfat: float | None,
+    ttft: float | None,
+    client_gone: bool,
+    server_failed: bool,
+    waited: float,
+    threshold: float,
+) -> bool | None:
+    """Whether a streamed request was bad for the ``answer`` SLI; None when it does not
+    count (as for ``ttft``: a client gone before the threshold, an answer with no output).
+    A stream with output but no answer (cut, or ended at its token limit, while the model
+    was thinking) is bad: the user never got an answer."""
+    if ttfat is not None:
+        return ttfat > threshold
+    if client_gone:
+        return True if waited > threshold else None
+    if server_failed or ttft is not None:
+        return True
+    return None
 
 
 def billing_gap(state: RequestState) -> str | None:

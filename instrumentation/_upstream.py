@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import json
 import time
+from dataclasses import replace
 from typing import Any, Final
 
 import httpx
@@ -262,7 +263,7 @@ class _UpstreamCall(EventReader):
             self._failure = sc.ERROR_TYPE_INCOMPLETE_STREAM
         elif self._headers_seen and self._status >= 500:
             self._failure = str(self._status)  # a failing server, whatever the app answers
-        usage, billing = self._metered(answered)
+        usage, billing, counted = self._metered(answered)
         phases = _openai.phases_of(self._engine)
         upstream_ttft = (
             self._first_output_at - self._t0
@@ -275,6 +276,7 @@ class _UpstreamCall(EventReader):
                 state.upstream_usage = _openai.add_usage(state.upstream_usage, usage)
             inference.failure = self._failure  # the latest call decides
             inference.estimated = inference.estimated or billing == sc.BILLING_ESTIMATED
+            inference.reasoning_counted = inference.reasoning_counted or counted
             inference.unbilled = inference.unbilled or billing == sc.BILLING_UNBILLED
             if inference.upstream_ttft is None:
                 inference.upstream_ttft = upstream_ttft
@@ -287,7 +289,7 @@ class _UpstreamCall(EventReader):
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
         if span.is_recording():
-            self._set_response_attributes(span, error, usage, billing)
+            self._set_response_attributes(span, error, usage, billing or counted)
             self._engine_spans(phases)
         span.end()
 
@@ -306,6 +308,8 @@ class _UpstreamCall(EventReader):
         if facts.outputs and self._first_output_at is None:
             self._first_output_at = time.perf_counter()
             self.mark_first()
+        if facts.answers:
+            self.mark_first_answer()  # the whole answer at once: the thinking with it
         if self._embeddings:
             self._dimensions = _openai.embedding_size(body)
         elif self.telemetry.settings.capture_message_content and isinstance(body, dict):
@@ -320,17 +324,27 @@ class _UpstreamCall(EventReader):
         # model (one dict lookup on the few events that are parsed).
         self._response_model = self._response_model or facts.model
 
-    def _metered(self, answered: bool) -> tuple[Any, str | None]:
-        """(the call's usage, the billing label when the server's usage was missing)."""
-        if self._usage is not None:
-            return self._usage, None
+    def _metered(self, answered: bool) -> tuple[Usage | None, str | None, bool]:
+        """(the call's usage, the billing label when the server's usage was missing,
+        whether its reasoning tokens were counted from the events: the server's usage did
+        not say them, and some reasoning came)."""
+        usage, reasoning = self._usage, self._reasoning
+        if usage is not None:
+            if reasoning and not self._reasoning_reported:
+                counted = min(reasoning, usage.output_tokens)  # a part of the output
+                return replace(usage, reasoning_output_tokens=counted), None, True
+            return usage, None, False
         if not answered:
-            return None, None  # refused or never answered: nothing was generated
+            return None, None, False  # refused or never answered: nothing was generated
         outputs = self.outputs
         if outputs:
-            estimate = Usage(input_tokens=_openai.prompt_size(self._payload), output_tokens=outputs)
-            return estimate, sc.BILLING_ESTIMATED
-        return None, sc.BILLING_UNBILLED
+            estimate = Usage(
+                input_tokens=_openai.prompt_size(self._payload),
+                output_tokens=outputs,
+                reasoning_output_tokens=reasoning,
+            )
+            return estimate, sc.BILLING_ESTIMATED, reasoning > 0
+        return None, sc.BILLING_UNBILLED, False
 
     def _record_alone(
         self,
@@ -376,8 +390,10 @@ class _UpstreamCall(EventReader):
         span: trace.Span,
         error: BaseException | None,
         usage: Usage | None,
-        billing: str | None,
+        estimated: str | bool | None,
     ) -> None:
+        """``estimated``: the billing label, or True when only the reasoning tokens were
+        counted from the events (either way the span says its usage is estimated)."""
         attributes: dict[str, Any] = {}  # set in one call, not one call per attribute
         if self._response_id:
             attributes[sc.GEN_AI_RESPONSE_ID] = self._response_id
@@ -390,9 +406,12 @@ class _UpstreamCall(EventReader):
             if not self._embeddings:  # an embedding generates no output token
                 attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
                 attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+            if usage.reasoning_output_tokens or self._reasoning_reported:
+                reasoning = usage.reasoning_output_tokens
+                attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
         if self._dimensions is not None:
             attributes[sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = self._dimensions
-        if billing == sc.BILLING_ESTIMATED:
+        if estimated is True or estimated == sc.BILLING_ESTIMATED:
             attributes[sc.ATTR_USAGE_ESTIMATED] = True
         span.set_attributes(attributes)
         if error is not None:

@@ -34,9 +34,9 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
-from stagelens import _compat
+from stagelens import _compat, tail_sampling
 from stagelens import semconv as sc
-from stagelens.config import Settings
+from stagelens.config import PromptSizeClasses, Settings
 from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
@@ -57,9 +57,11 @@ SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
 
 STATUS_CLIENT_CLOSED = 499
-"""``code`` label for a request whose client went away before any response was sent."""
+"""``code`` label for a request whose client went away before it received the whole answer
+(nginx's "client closed request"): never the 200 nobody received."""
 _CODE_LABELS = {code: str(code) for code in range(100, 600)}
 """``code`` label strings, made once."""
+_CLIENT_CLOSED_LABEL = _CODE_LABELS[STATUS_CLIENT_CLOSED]
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -130,6 +132,8 @@ class StageLensMiddleware:
         self.response_hook = response_hook
         self.metrics_path = metrics_path
         self._excluded = frozenset(telemetry.settings.excluded_paths)
+        self.prompt_sizes = PromptSizeClasses(telemetry.settings)
+        """A request's ``prompt_size`` class and its TTFT threshold."""
         self.known_methods = known_http_methods()
         """Methods a root span may be named by; any other is ``_OTHER`` (HTTP semconv)."""
         self._metrics_app: ASGIApp | None = None
@@ -177,6 +181,10 @@ class _RequestTracker:
     __slots__ = (
         "_last_body",
         "_mw",
+        "_pending",
+        "_receive",
+        "_received",
+        "_receiving",
         "_response_started",
         "_scope",
         "_sse",
@@ -191,6 +199,15 @@ class _RequestTracker:
         self._last_body: Message | None = None
         """The latest body message sent: the response is done once one says no more."""
         self._state: RequestState | None = None
+        self._receive: Receive | None = None
+        """The app's receive, looked into before the answer is sent (``_look_for_departure``);
+        None where the server reports a departed client by a failing send (ASGI >= 2.4)."""
+        self._pending: Message | None = None
+        """A message that look took from ``receive``, handed to the app on its next call."""
+        self._receiving = False
+        """The app is waiting in ``receive`` (it listens for the departure itself)."""
+        self._received = False
+        """The app has called ``receive`` (the server has answered any 100-continue)."""
 
     @property
     def _response_done(self) -> bool:
@@ -225,6 +242,8 @@ class _RequestTracker:
             if rejection is not None:
                 await self._send_rejection(rejection, send)
             else:
+                if not _reports_departure_by_send(scope):
+                    self._receive = receive
                 await mw.app(scope, self._wrap_receive(receive), self._wrap_send(send))
         except BaseException as exc:
             error = exc
@@ -278,12 +297,62 @@ class _RequestTracker:
         assert state is not None
 
         async def wrapped_receive() -> Message:
-            message = await receive()
+            message = self._pending
+            if message is not None:
+                self._pending = None
+            else:
+                self._receiving = self._received = True
+                try:
+                    message = await receive()
+                finally:
+                    self._receiving = False
             if message["type"] == "http.disconnect" and not self._response_done:
                 state.disconnected = True
             return message
 
         return wrapped_receive
+
+    def _look_for_departure(self) -> None:
+        """Find out, without waiting, whether the client has gone, just before the answer's
+        headers or its last (empty) body are sent; mark the request disconnected if so.
+
+        Why: a server before ASGI 2.4 drops what is sent to a departed client without a
+        word (uvicorn's ``send`` returns), and a non-streamed answer is sent once, after
+        the wait the client gave up on: without a look it would be recorded as the 200
+        nobody received. Such a server's ``receive`` answers ``http.disconnect`` at once
+        when the client has gone and otherwise waits for a message: its awaitable is
+        stepped once, and closed unfinished when it would wait (the client is still
+        there). A message it gives (``http.disconnect``, or request body the app has not
+        read) is handed to the app on its next ``receive``, as if it had been waiting.
+        Skipped while the app itself waits in ``receive`` (Starlette's streamed response
+        listens for the departure): it will learn it there. A failed look changes nothing:
+        telemetry never breaks serving."""
+        receive = self._receive
+        state = self._state
+        if receive is None or state is None or state.disconnected:
+            return
+        if self._receiving or self._pending is not None:
+            return
+        if not self._received and _expects_continue(self._scope):
+            return  # a server's receive would answer "100 Continue" to a body never asked for
+        try:
+            step = receive().__await__()
+            try:
+                step.send(None)
+            except StopIteration as done:
+                message = done.value
+            else:
+                close = getattr(step, "close", None)
+                if close is not None:
+                    close()  # it would wait: the client is still there
+                return
+        except Exception:
+            self._receive = None  # a receive that cannot be looked into: never again
+            return
+        if isinstance(message, MutableMapping):
+            self._pending = message
+            if message.get("type") == "http.disconnect":
+                state.disconnected = True
 
     def _wrap_send(self, send: Send) -> Send:
         state = self._state
@@ -301,8 +370,12 @@ class _RequestTracker:
                 times.append(perf_counter())
                 self._last_body = message
             elif message["type"] == "http.response.body":
+                if self._receive is not None and not message.get("more_body", False):
+                    self._look_for_departure()  # before a stream's empty last body
                 self._last_body = message  # an empty one: the last, usually
             elif message["type"] == "http.response.start":
+                if self._receive is not None:
+                    self._look_for_departure()  # before a non-streamed answer's headers
                 self._response_started = True
                 state.code = int(message["status"])
                 for key, value in message.get("headers", ()):
@@ -343,7 +416,10 @@ class _RequestTracker:
             code = 500
         if error is not None and not self._response_started and not disconnected:
             code = 500
-        client_gone = disconnected and not self._response_done
+        # Gone before it received the whole answer: noticed before the last body was sent
+        # (by receive, a failing send or a look before sending) or by the request being
+        # cancelled before it; recorded as 499, whatever status the app had sent.
+        client_gone = disconnected
         failure = _outcome.failed_after_headers(state, code, client_gone)
         if failure is not None and state.rejected_by is None:
             state.reject(Stage.INFERENCE)  # the stage that failed, under a 200
@@ -353,13 +429,15 @@ class _RequestTracker:
         # around a refusal does not make a made-up name served).
         served = code < 400 and (inference is None or inference.ok)
         model = telemetry.models.label(state.model_label, served=served)
-        code_label = _CODE_LABELS.get(code) or str(code)
+        code_label = _CLIENT_CLOSED_LABEL if client_gone else (_CODE_LABELS.get(code) or str(code))
         # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
         # and counting its few milliseconds would flatter the TTFT SLI.
         first_token_at = state.first_token_at
         ttft = (
             first_token_at - state.started_at if first_token_at is not None and code < 400 else None
         )
+        first_answer_at = state.first_answer_at if ttft is not None else None
+        ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
         gaps = (
             _outcome.inter_token_gaps(state.token_times, inference)
             if self._sse and inference is not None
@@ -367,6 +445,47 @@ class _RequestTracker:
         )
         duration = end - state.started_at
         settings = telemetry.settings
+        usage = state.usage or state.upstream_usage
+        prompt_size, ttft_threshold = self._mw.prompt_sizes.of(
+            usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
+        )
+        server_failed = code >= 500 or failure is not None
+        verdicts = _outcome.sli_verdicts(
+            streamed=state.streamed,
+            code=code,
+            server_failed=server_failed,
+            client_gone=client_gone,
+            ttft=ttft,
+            waited=duration,
+            worst_gap=max(gaps) if gaps else None,
+            ttft_threshold=ttft_threshold,
+            stall_threshold=settings.itl_stall_threshold_seconds,
+            client_left_bad_after=settings.client_left_bad_after_seconds,
+            ttfat=ttfat,
+            answer_threshold=settings.answer_slo_threshold_seconds,
+        )
+        exemplar: ExemplarRef | None = None
+        decision: tuple[str, str] | None = None
+        dropped = False
+        if state.recording:
+            pending = getattr(state.root_span, "pending_trace", None)
+            if pending is None:
+                exemplar = _sampled_trace(state.root_span)
+            else:  # the tail sampler: keep the trace or drop it, now the outcome is known
+                reason = tail_sampling.keep_reason(
+                    server_failed=server_failed or (error is not None and not disconnected),
+                    client_gone=client_gone,
+                    verdicts=verdicts,
+                    gaps=gaps,
+                    duration=duration,
+                    stall_seconds=settings.tail_stall_seconds,
+                    slow_seconds=settings.tail_slow_seconds,
+                )
+                slots = telemetry.instruments.exemplar_slots
+                decision, exemplar = _settle(
+                    pending, reason, slots, state.root_span, model, duration
+                )
+                dropped = exemplar is None
         try:
             phases = state.phases
             telemetry.fold.submit(
@@ -381,40 +500,35 @@ class _RequestTracker:
                     rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
                     billing=state.billing,
                     upstream_ttft=inference.upstream_ttft if inference is not None else None,
-                    verdicts=_outcome.sli_verdicts(
-                        streamed=state.streamed,
-                        code=code,
-                        server_failed=code >= 500 or failure is not None,
-                        client_gone=client_gone,
-                        ttft=ttft,
-                        waited=duration,
-                        gaps=gaps,
-                        ttft_threshold=settings.ttft_slo_threshold_seconds,
-                        itl_threshold=settings.itl_slo_threshold_seconds,
-                    ),
+                    verdicts=verdicts,
+                    prompt_size=prompt_size,
                     unmetered=_outcome.billing_gap(state),
                     genai=state.genai,
-                    exemplar=_sampled_trace(state.root_span) if state.recording else None,
+                    exemplar=exemplar,
+                    trace_decision=decision,
+                    ttfat=ttfat,
                 )
             )
         except Exception as exc:
             telemetry.report_error("metrics", exc)
-        self._end_root(error, code, code_label, ttft, disconnected, failure)
+        self._end_root(error, code, code_label, (ttft, ttfat), disconnected, failure, dropped)
 
     def _end_root(
         self,
         error: BaseException | None,
         code: int,
         code_label: str,
-        ttft: float | None,
+        firsts: tuple[float | None, float | None],
         disconnected: bool,
         failure: str | None,
+        dropped: bool = False,
     ) -> None:
-        """Name, annotate and end the root span."""
+        """Name, annotate and end the root span (only end it when its trace was dropped:
+        nothing set on it would be exported)."""
         state = self._state
         assert state is not None
         root = state.root_span
-        if root.is_recording():
+        if root.is_recording() and not dropped:
             attributes: dict[str, Any] = {sc.HTTP_RESPONSE_STATUS_CODE: code}  # one call
             route = self._scope.get("route")
             route_path = getattr(route, "path", None)
@@ -424,10 +538,14 @@ class _RequestTracker:
                     method = sc.HTTP_SPAN_NAME_OTHER
                 root.update_name(f"{method} {route_path}")
                 attributes[sc.HTTP_ROUTE] = route_path
+            ttft, ttfat = firsts  # (the time to first token, to first answer token)
             if ttft is not None:
                 attributes[sc.ATTR_TTFT] = ttft
+            if ttfat is not None:
+                attributes[sc.ATTR_TTFAT] = ttfat
+            _reasoning_attributes(state, attributes)
             root.set_attributes(attributes)
-            if disconnected and not self._response_done:
+            if disconnected:
                 root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
                 root.set_status(Status(StatusCode.ERROR, "client disconnected"))
             elif error is not None:
@@ -443,6 +561,46 @@ class _RequestTracker:
             if self._mw.response_hook is not None:
                 self._run_span_hook(self._mw.response_hook, root, "response_hook")
         root.end()
+
+
+def _reasoning_attributes(state: RequestState, attributes: dict[str, Any]) -> None:
+    """The request's reasoning tokens (a part of its output), when it had some: the
+    billed usage's (the app's, else the server's), and whether they were counted from
+    the reasoning events (the server's usage did not say them)."""
+    billing = state.billing
+    usage = state.usage or state.upstream_usage
+    reasoning = billing.reasoning_tokens if billing is not None else None
+    if reasoning is None and usage is not None:
+        reasoning = usage.reasoning_output_tokens
+    if reasoning:
+        attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
+        inference = state.inference
+        if inference is not None and inference.reasoning_counted and state.usage is None:
+            attributes[sc.ATTR_USAGE_ESTIMATED] = True
+
+
+def _settle(
+    pending: tail_sampling.PendingTrace,
+    reason: str | None,
+    slots: tail_sampling.ExemplarSlots | None,
+    root: trace.Span,
+    model: str,
+    duration: float,
+) -> tuple[tuple[str, str], ExemplarRef | None]:
+    """Decide the tail-sampled trace of a finished request: kept for ``reason`` (what
+    happened to it), else for the start's reason (a sampled parent, the ratio), else as an
+    exemplar its duration bucket needs (``slots``; None where no exemplars are kept);
+    dropped otherwise. Returns the (decision, reason) counted and the exemplar reference of
+    a kept trace (None: dropped, names no trace)."""
+    reason = reason or pending.head
+    if slots is not None and slots.claim(model, duration, time.monotonic(), reason is not None):
+        reason = reason or sc.REASON_EXEMPLAR
+    if reason is None:
+        pending.settle(False)
+        return (sc.DECISION_DROPPED, sc.REASON_FINE), None
+    pending.settle(True)
+    ctx = root.get_span_context()
+    return (sc.DECISION_KEPT, reason), ExemplarRef(ctx.trace_id, ctx.span_id, time.time())
 
 
 def _sampled_trace(root: trace.Span) -> ExemplarRef | None:
@@ -513,6 +671,14 @@ def _noting_departure(send: Send, state: RequestState) -> Send:
             raise
 
     return send_noting_departure
+
+
+def _expects_continue(scope: Scope) -> bool:
+    """The client sent ``Expect: 100-continue`` (it waits to be asked for its body)."""
+    return any(
+        key.lower() == b"expect" and value.lower() == b"100-continue"
+        for key, value in scope.get("headers", ())
+    )
 
 
 def _is_cancellation(error: BaseException) -> bool:

@@ -220,11 +220,15 @@ def record_usage(
     cached_input_tokens: int = 0,
     model: str | None = None,
     tenant: str | None = None,
+    reasoning_output_tokens: int | None = None,
 ) -> None:
-    """Attach the request's token usage (input includes cached); billing prices it.
+    """Attach the request's token usage (input includes cached, output includes
+    reasoning); billing prices it.
 
     Explicit usage wins over what the upstream instrumentation parsed from the server's
-    response. Outside a request this does nothing.
+    response; ``reasoning_output_tokens`` left out, the reasoning part of the output is the
+    one the upstream instrumentation read (at most the output given). Outside a request
+    this does nothing.
     """
     state = current_request()
     if state is None:
@@ -233,10 +237,17 @@ def record_usage(
         state.set_model(model)
     if tenant is not None:
         state.set_tenant(tenant)
+    output = max(int(output_tokens), 0)
+    if reasoning_output_tokens is None:
+        upstream = state.upstream_usage
+        reasoning = min(upstream.reasoning_output_tokens, output) if upstream else 0
+    else:
+        reasoning = max(int(reasoning_output_tokens), 0)
     state.usage = Usage(
         input_tokens=max(int(input_tokens), 0),
-        output_tokens=max(int(output_tokens), 0),
+        output_tokens=output,
         cached_input_tokens=max(int(cached_input_tokens), 0),
+        reasoning_output_tokens=reasoning,
     )
 
 
@@ -268,6 +279,7 @@ def bill() -> float | None:
             usage.output_tokens,
             usage.cached_input_tokens,
             cost,
+            usage.reasoning_output_tokens,
         )
         state.cost_usd = cost
         span = billing.span

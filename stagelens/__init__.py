@@ -23,6 +23,7 @@ from stagelens.instrumentation import (
 from stagelens.pricing import Price, PriceTable, Usage
 from stagelens.request import current_request
 from stagelens.stages import Stage
+from stagelens.tail_sampling import TailSampler
 from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "Settings",
     "Stage",
     "StageLensMiddleware",
+    "TailSampler",
     "Telemetry",
     "Usage",
     "__version__",

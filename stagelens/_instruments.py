@@ -11,21 +11,26 @@ when several apps (or tests) share a process. What writes into them is the Prome
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
+from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens import semconv_spec
 from stagelens._series import BillingSeries, ChildCache, ModelSeries
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
     REQUEST_DURATION_BUCKETS,
     STAGE_DURATION_BUCKETS,
+    answer_buckets,
     ttft_buckets,
 )
 from stagelens.config import Settings
+from stagelens.tail_sampling import ExemplarSlots
 
 __all__ = ["Instruments"]
 
@@ -43,6 +48,7 @@ class Instruments:
     def __init__(self, registry: CollectorRegistry, settings: Settings) -> None:
         self.registry = registry
         self.ttft_threshold = settings.ttft_slo_threshold_seconds
+        self.answer_threshold = settings.answer_slo_threshold_seconds
         r = registry
         self.stage_duration = ChildCache(
             Histogram(
@@ -68,6 +74,18 @@ class Instruments:
                 "Gateway receipt to the first body carrying generated output sent to the client.",
                 _labels(sc.TIME_TO_FIRST_TOKEN),
                 buckets=ttft_buckets(settings.ttft_slo_threshold_seconds),
+                registry=r,
+            )
+        )
+        self.ttfat = ChildCache(
+            Histogram(
+                sc.TIME_TO_FIRST_ANSWER_TOKEN,
+                "Gateway receipt to the first body sent after the first answer (not "
+                "reasoning) output arrived.",
+                _labels(sc.TIME_TO_FIRST_ANSWER_TOKEN),
+                buckets=answer_buckets(
+                    settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+                ),
                 registry=r,
             )
         )
@@ -100,7 +118,7 @@ class Instruments:
         self.tokens = ChildCache(
             Counter(
                 sc.TOKENS,
-                "Tokens billed; cached_input is part of input.",
+                "Tokens billed; cached_input is part of input, reasoning part of output.",
                 _labels(sc.TOKENS),
                 registry=r,
             )
@@ -162,6 +180,19 @@ class Instruments:
                 registry=r,
             )
         )
+        self.trace_decisions = ChildCache(
+            Counter(
+                sc.TRACE_DECISIONS,
+                "Requests whose trace the tail sampler kept or dropped, by reason.",
+                _labels(sc.TRACE_DECISIONS),
+                registry=r,
+            )
+        )
+        self.exemplar_slots = (
+            ExemplarSlots(REQUEST_DURATION_BUCKETS) if _compat.in_process_values() else None
+        )
+        """The tail sampler's record of which duration buckets have a fresh kept trace
+        (None in multiprocess mode, whose files keep no exemplars: none is chosen)."""
         self.spans_dropped = ChildCache(
             Counter(
                 sc.SPANS_DROPPED,
@@ -189,6 +220,8 @@ class Instruments:
         for stage, seconds in settings.stage_budgets_seconds.items():
             stage_budget.labels(stage).set(seconds)
         self._models: dict[str, ModelSeries] = {}
+        if _compat.in_process_values():  # multiprocess scrapes read files, not this process
+            r.register(_Extremes(self))
         self._billing: dict[tuple[str, str], BillingSeries] = {}
         self._bind_lock = threading.Lock()
 
@@ -214,3 +247,32 @@ class Instruments:
                     found = BillingSeries(self, model, tenant)
                     self._billing[key] = found
         return found
+
+
+class _Extremes:
+    """Scrape-time gauges: each gateway histogram series' smallest and largest value
+    (``stagelens_histogram_min_seconds`` / ``_max_seconds``), read from the bound series;
+    registered after ``prometheus_sink.FoldOnCollect``, so a scrape sees the records it
+    folded."""
+
+    def __init__(self, instruments: Instruments) -> None:
+        self._instruments = weakref.ref(instruments)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        instruments = self._instruments()
+        if instruments is None:
+            return
+        low = Metric(sc.HISTOGRAM_MIN, "Smallest value a histogram series observed.", "gauge")
+        high = Metric(sc.HISTOGRAM_MAX, "Largest value a histogram series observed.", "gauge")
+        for series in list(instruments._models.values()):
+            for name, labels, histogram in series.histograms():
+                if histogram.lowest <= histogram.highest:  # observed at least one value
+                    named = {sc.LABEL_HISTOGRAM: name, **labels}
+                    low.add_sample(sc.HISTOGRAM_MIN, named, histogram.lowest)
+                    high.add_sample(sc.HISTOGRAM_MAX, named, histogram.highest)
+        if low.samples:
+            yield low
+            yield high

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from functools import partial
-from math import isnan
+from math import inf, isnan
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -79,7 +80,16 @@ class FastHistogram:
     (tests/test_compat.py holds them equal).
     """
 
-    __slots__ = ("_bounds", "_buckets", "_child", "_exemplars", "_index", "_sum")
+    __slots__ = (
+        "_bounds",
+        "_buckets",
+        "_child",
+        "_exemplars",
+        "_index",
+        "_sum",
+        "highest",
+        "lowest",
+    )
 
     def __init__(self, child: _Child) -> None:
         self._child = child
@@ -91,10 +101,24 @@ class FastHistogram:
         self._exemplars = _compat.exemplar_storage(storage)
         """The buckets' values, each holding its exemplar; None: ``observe(value,
         exemplar)`` keeps them instead."""
+        self.lowest = inf
+        """The smallest value observed (``inf`` before the first): with ``highest``, what
+        narrows a percentile read from the buckets to the values really seen (exposed as
+        ``stagelens_histogram_min_seconds`` / ``_max_seconds``, ``stagelens.views.percentiles``)."""
+        self.highest = -inf
+        """The largest value observed (``-inf`` before the first)."""
+
+    def _extend(self, low: float, high: float) -> None:
+        """Widen ``lowest``/``highest`` to ``low``/``high`` (a NaN changes neither)."""
+        if low < self.lowest:
+            self.lowest = low
+        if high > self.highest:
+            self.highest = high
 
     def observe(self, value: float) -> None:
         """Record one value (NaN is ignored: it lands in no bucket)."""
         bounds = self._bounds
+        self._extend(value, value)
         if bounds is None:
             self._child.observe(value)
             return
@@ -115,6 +139,7 @@ class FastHistogram:
         bounds = self._bounds
         if bounds is None:
             for value in values:
+                self._extend(value, value)
                 self._child.observe(value)
             return
         total = sum(values)
@@ -135,6 +160,7 @@ class FastHistogram:
         # above; tests/test_compat.py holds them equal).
         self._sum.inc(total)
         values = sorted(values)
+        self._extend(values[0], values[-1])
         buckets = self._buckets
         count = len(values)
         done = 0
@@ -166,6 +192,7 @@ class FastHistogram:
             if value != value:  # NaN: in no bucket, and never equal to itself in ``rest``
                 continue
             rest.remove(value)
+            self._extend(value, value)
             child.observe(value, exemplar_labels(ref))
         return rest
 
@@ -207,6 +234,7 @@ class ModelSeries:
         "_rejections",
         "_slis",
         "_stages",
+        "_ttfat",
         "_ttft",
         "_unmetered",
         "_upstream_ttft",
@@ -218,21 +246,30 @@ class ModelSeries:
         self.model = model
         # Series are bound when first recorded, never before: a model that only ever got
         # errors exposes no TTFT series.
-        self._ttft: FastHistogram | None = None
+        self._ttft: dict[str, FastHistogram] = {}
+        self._ttfat: FastHistogram | None = None
         self._itl: FastHistogram | None = None
         self._stages: dict[str, FastHistogram] = {}
         self._phases: dict[str, FastHistogram] = {}
         self._outcomes: dict[str, tuple[FastHistogram, FastCounter]] = {}
         self._rejections: dict[tuple[str, str], FastCounter] = {}
         self._upstream_ttft: FastHistogram | None = None
-        self._slis: dict[str, tuple[FastCounter, FastCounter]] = {}
+        self._slis: dict[tuple[str, str], tuple[FastCounter, FastCounter]] = {}
         self._unmetered: dict[str, FastCounter] = {}
 
-    def ttft(self) -> FastHistogram:
-        """``stagelens_time_to_first_token_seconds{model}``."""
-        found = self._ttft
+    def ttft(self, prompt_size: str) -> FastHistogram:
+        """``stagelens_time_to_first_token_seconds{model, prompt_size}``."""
+        found = self._ttft.get(prompt_size)
         if found is None:
-            found = self._ttft = FastHistogram(self._instruments.ttft.get(self.model))
+            found = FastHistogram(self._instruments.ttft.get(self.model, prompt_size))
+            self._ttft[prompt_size] = found
+        return found
+
+    def ttfat(self) -> FastHistogram:
+        """``stagelens_time_to_first_answer_token_seconds{model}``."""
+        found = self._ttfat
+        if found is None:
+            found = self._ttfat = FastHistogram(self._instruments.ttfat.get(self.model))
         return found
 
     def itl(self) -> FastHistogram:
@@ -288,17 +325,35 @@ class ModelSeries:
             found = self._upstream_ttft = FastHistogram(child)
         return found
 
-    def sli(self, sli: str) -> tuple[FastCounter, FastCounter]:
+    def histograms(self) -> Iterator[tuple[str, dict[str, str], FastHistogram]]:
+        """Every histogram series bound so far: (family name, its labels, the series)."""
+        model = {sc.LABEL_MODEL: self.model}
+        for size, found in list(self._ttft.items()):
+            yield sc.TIME_TO_FIRST_TOKEN, {**model, sc.LABEL_PROMPT_SIZE: size}, found
+        if self._itl is not None:
+            yield sc.INTER_TOKEN_LATENCY, model, self._itl
+        if self._upstream_ttft is not None:
+            yield sc.UPSTREAM_TTFT, model, self._upstream_ttft
+        for stage, found in list(self._stages.items()):
+            yield sc.STAGE_DURATION, {sc.LABEL_STAGE: stage, **model}, found
+        for phase, found in list(self._phases.items()):
+            yield sc.ENGINE_PHASE_DURATION, {sc.LABEL_PHASE: phase, **model}, found
+        for code, (found, _) in list(self._outcomes.items()):
+            yield sc.REQUEST_DURATION, {**model, sc.LABEL_CODE: code}, found
+
+    def sli(self, sli: str, prompt_size: str) -> tuple[FastCounter, FastCounter]:
         """``stagelens_sli_requests_total`` and ``stagelens_sli_errors_total`` for one
-        ``sli``; both children exist once bound, so an error ratio reads 0, not NaN."""
-        found = self._slis.get(sli)
+        ``sli`` and ``prompt_size`` class; both children exist once bound, so an error ratio
+        reads 0, not NaN."""
+        key = (sli, prompt_size)
+        found = self._slis.get(key)
         if found is None:
             instruments = self._instruments
             found = (
-                FastCounter(instruments.sli_requests.get(self.model, sli)),
-                FastCounter(instruments.sli_errors.get(self.model, sli)),
+                FastCounter(instruments.sli_requests.get(self.model, sli, prompt_size)),
+                FastCounter(instruments.sli_errors.get(self.model, sli, prompt_size)),
             )
-            self._slis[sli] = found
+            self._slis[key] = found
         return found
 
     def unmetered(self, billing: str) -> FastCounter:
@@ -313,11 +368,12 @@ class ModelSeries:
 class BillingSeries:
     """The token and cost counters of one (model, tenant), bound once."""
 
-    __slots__ = ("cached_input", "cost", "input", "output")
+    __slots__ = ("cached_input", "cost", "input", "output", "reasoning")
 
     def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
         tokens = instruments.tokens
         self.input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT))
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
         self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
+        self.reasoning = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_REASONING))
         self.cost = FastCounter(instruments.cost.get(model, tenant))

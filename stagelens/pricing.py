@@ -50,11 +50,15 @@ DEFAULT_PRICE: Final = Price(input=1.00, output=4.00, cached_input=0.50)
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Tokens of one request; ``input_tokens`` includes ``cached_input_tokens``."""
+    """Tokens of one request; ``input_tokens`` includes ``cached_input_tokens`` and
+    ``output_tokens`` includes ``reasoning_output_tokens``."""
 
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
+    reasoning_output_tokens: int = 0
+    """Of the output, the tokens the model spent thinking: billed as output (the cost does
+    not depend on them), counted apart so that a tenant's thinking share can be told."""
 
     @property
     def uncached_input_tokens(self) -> int:

@@ -41,6 +41,7 @@ _Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
+_PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 
 def _grouped(
@@ -72,6 +73,7 @@ class PrometheusSink:
         self._instruments = instruments
         # prometheus-client's multiprocess files hold no exemplars: none are gathered there.
         self._keep_exemplars = _compat.in_process_values()
+        self._decisions: dict[tuple[str, str], FastCounter] = {}
 
     def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
         """Write ``batch``; return the failures swallowed.
@@ -105,8 +107,9 @@ class PrometheusSink:
 
     def _collect(self, batch: Sequence[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
         """The observations and increments of ``batch``, per bound series, and the exemplar
-        candidates of its sampled requests (their TTFT, request duration and stage times,
-        in the order the requests ended; none in multiprocess mode, whose files keep none).
+        candidates of its sampled requests (their TTFT, worst inter-token gap, request
+        duration and stage times, in the order the requests ended; none in multiprocess
+        mode, whose files keep none).
 
         Gathered per model, field by field: a batch is nearly always one model (and one
         status code, one tenant), so each field's values are one comprehension over the
@@ -117,7 +120,18 @@ class PrometheusSink:
         kept: _Exemplars = defaultdict(list)
         for model, records in _grouped(batch, _MODEL):
             self._collect_model(model, records, observed, added, kept)
+        decisions = [r.trace_decision for r in batch if r.trace_decision is not None]
+        for key, counted in Tally(decisions).items():
+            added[self._decision(key)] += counted
         return observed, added, kept
+
+    def _decision(self, key: tuple[str, str]) -> FastCounter:
+        """``stagelens_trace_decisions_total{decision, reason}``, bound once per pair."""
+        found = self._decisions.get(key)
+        if found is None:
+            counter = self._instruments.trace_decisions.get(*key)
+            found = self._decisions[key] = FastCounter(counter)
+        return found
 
     def _collect_model(
         self,
@@ -133,9 +147,12 @@ class PrometheusSink:
             request_duration, requests = series.outcome(code)
             observed[request_duration] += [r.duration for r in mine]
             added[requests] += len(mine)
-        ttfts = [r.ttft for r in records if r.ttft is not None]
-        if ttfts:
-            observed[series.ttft()] += ttfts
+        answered = [r for r in records if r.ttft is not None]
+        for size, mine in _grouped(answered, _PROMPT_SIZE):
+            observed[series.ttft(size)] += [r.ttft for r in mine if r.ttft is not None]
+        ttfats = [r.ttfat for r in records if r.ttfat is not None]
+        if ttfats:
+            observed[series.ttfat()] += ttfats
         gaps = list(chain.from_iterable([r.gaps for r in records]))
         if gaps:
             observed[series.itl()] += gaps
@@ -161,7 +178,9 @@ class PrometheusSink:
             if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
                 kept[series.outcome(record.code)[0]].append((record.duration, ref))
                 if record.ttft is not None:
-                    kept[series.ttft()].append((record.ttft, ref))
+                    kept[series.ttft(record.prompt_size)].append((record.ttft, ref))
+                if record.gaps:  # its worst gap: a stall on the heatmap leads to its trace
+                    kept[series.itl()].append((max(record.gaps), ref))
                 for name, seconds in record.stages:
                     stage_candidates[name].append((seconds, ref))
         for name, values in stages.items():
@@ -170,10 +189,11 @@ class PrometheusSink:
             kept[series.stage(name)] += candidates
         for name, values in phases.items():
             observed[series.phase(name)] += values
-        # Counted per distinct set of verdicts: most requests of a model share one.
-        for verdicts, counted in Tally([r.verdicts for r in records]).items():
+        # Counted per distinct (class, verdicts): most requests of a model share one.
+        classed = Tally([(r.prompt_size, r.verdicts) for r in records])
+        for (size, verdicts), counted in classed.items():
             for sli, bad in verdicts:
-                requests_counted, errors = series.sli(sli)
+                requests_counted, errors = series.sli(sli, size)
                 added[requests_counted] += counted
                 # Bound as soon as the SLI counts the model: a ratio reads 0, not NaN.
                 added[errors] += counted if bad else 0
@@ -183,6 +203,7 @@ class PrometheusSink:
             added[billing.input] += sum([b.input_tokens for b in theirs])
             added[billing.output] += sum([b.output_tokens for b in theirs])
             added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
+            added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
 
     def _collect_each(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple, NewType, Protocol
 
+from stagelens import semconv as sc
 from stagelens.genai_call import GenAICall
 
 __all__ = [
@@ -48,6 +49,8 @@ class BillingRecord(NamedTuple):
     cached_input_tokens: int
     """Part of ``input_tokens``."""
     cost_usd: float
+    reasoning_tokens: int = 0
+    """Part of ``output_tokens``: the tokens the model spent thinking."""
 
 
 class ExemplarRef(NamedTuple):
@@ -93,8 +96,17 @@ class RequestRecord(NamedTuple):
     genai: GenAICall | None = None
     """The upstream GenAI call, built only while a sink needs it (``RequestSink.needs_genai``)."""
     exemplar: ExemplarRef | None = None
-    """The request's trace when it was sampled: its TTFT, duration and stage times may
-    become exemplars. None for a sampled-out request, which never names a trace."""
+    """The request's trace when it was sampled (under the tail sampler: kept): its TTFT,
+    worst inter-token gap, duration and stage times may become exemplars. None for a
+    sampled-out (dropped) request, which never names a trace."""
+    prompt_size: str = sc.PROMPT_SIZE_UNKNOWN
+    """The ``prompt_size`` label value (``stagelens.config.PromptSizeClasses``) of its TTFT
+    and SLI series."""
+    ttfat: float | None = None
+    """Time to first answer token (not reasoning), seconds; answers only."""
+    trace_decision: tuple[str, str] | None = None
+    """(decision, reason) of the tail sampler for the request's trace; None under any
+    other sampler (``stagelens_trace_decisions_total``)."""
 
 
 class RequestSink(Protocol):

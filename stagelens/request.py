@@ -110,6 +110,18 @@ class RequestState:
         return times[at] if at is not None and at < len(times) else None
 
     @property
+    def first_answer_at(self) -> float | None:
+        """When the first answer token went to the client (``perf_counter()``), or None: as
+        ``first_token_at``, for the first answer-bearing event (anything but reasoning).
+        None for a stream that ended (or was cut) while the model was still thinking."""
+        inference = self.inference
+        if inference is None or self.tokenless:
+            return None
+        at = inference.first_answer
+        times = self.token_times
+        return times[at] if at is not None and at < len(times) else None
+
+    @property
     def model_label(self) -> str:
         """The ``model`` label value for this request."""
         return self.model or self.telemetry.settings.default_model
@@ -174,8 +186,10 @@ class InferenceFacts:
         "choices",
         "estimated",
         "failure",
+        "first_answer",
         "first_output",
         "ok",
+        "reasoning_counted",
         "unbilled",
         "upstream_ttft",
     )
@@ -185,6 +199,9 @@ class InferenceFacts:
         """Upstream completion calls made."""
         self.first_output: int | None = None
         """Mark of the first output-bearing event of any call (see the class docstring)."""
+        self.first_answer: int | None = None
+        """Mark of the first answer-bearing event of any call: output that is not reasoning
+        (``first_output`` itself for a model that does not reason)."""
         self.choices: list[list[int]] = []
         """Per choice of each streamed call: the marks of its output-bearing events."""
         self.failure: str | None = None
@@ -194,6 +211,9 @@ class InferenceFacts:
         """Some call was answered successfully (a model it named is a served one)."""
         self.estimated = False
         """Some call's usage was estimated from what was received."""
+        self.reasoning_counted = False
+        """Some call's reasoning tokens were counted from its reasoning events (its usage
+        did not say them): the root span's usage is marked estimated."""
         self.unbilled = False
         """Some answered call left nothing to bill (no usage, no output received)."""
         self.upstream_ttft: float | None = None

@@ -45,7 +45,11 @@ ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
 ATTR_REQUEST_ID: Final = "stagelens.request_id"
 """The ``X-Request-Id`` sent upstream (the app's own, or the one stagelens minted)."""
 ATTR_CLIENT_DISCONNECTED: Final = "stagelens.client_disconnected"
-"""True when the client went away before the last byte was sent."""
+"""True when the client went away before it received the whole answer: noticed while the
+answer was being sent, or found gone just before it (a server that drops what is sent to
+a departed client, as uvicorn does). Such a request is recorded with ``code="499"``
+(nginx's "client closed request"), never as the 200 nobody received; the span's
+``http.response.status_code`` stays what the app sent."""
 ATTR_USAGE_ESTIMATED: Final = "stagelens.usage.estimated"
 """On the inference span: True when the call's usage was estimated from what was received
 (the stream ended before the server's usage event); see ``BILLING_ESTIMATED``."""
@@ -174,7 +178,8 @@ SPAN_ENGINE_DECODE: Final = "decode"
 HEADER_REQUEST_ID: Final = "x-request-id"
 """Request id sent to the vLLM server, which uses it as its own request id: the app's own,
 else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
-by it); none is minted for a call whose trace is sampled out."""
+by it); none is minted for a call whose trace is sampled out, or not yet kept (the tail
+sampler decides at the request's end: ``docs/tail-sampling.md``)."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels
@@ -187,19 +192,21 @@ STAGE_DURATION: Final = "stagelens_stage_duration_seconds"
 REQUEST_DURATION: Final = "stagelens_request_duration_seconds"
 """Histogram {model, code}: gateway receipt to last byte sent."""
 TIME_TO_FIRST_TOKEN: Final = "stagelens_time_to_first_token_seconds"
-"""Histogram {model}: gateway receipt to the first body sent to the client that carries
+"""Histogram {model, prompt_size}: gateway receipt to the first body sent to the client that carries
 generated output (content text, a tool-call delta, reasoning text, a completion's text; never
 a role-only chunk, an SSE comment or keep-alive, an error or a usage-only event): the first
 body sent after the upstream's first output-bearing event arrived, however the app frames
 it. For a non-streamed answer, the whole response: the first body byte, sent once the whole
 answer arrived (its generation included; the ``ttft`` SLI counts streamed requests only).
-Only requests that made an inference call record it."""
+Only requests that made an inference call record it. ``prompt_size``: the request's
+prompt-size class (``LABEL_PROMPT_SIZE``), since prefill, and so TTFT, grows with the prompt."""
 INTER_TOKEN_LATENCY: Final = "stagelens_inter_token_latency_seconds"
 """Histogram {model}: gap between consecutive output-bearing SSE events of one choice, as
 sent to the client: one sample per event, however the network coalesced them (events read
 together give gaps of ~0). With ``n`` > 1 each choice has its own gaps: a request records
 ``n * (events per choice - 1)`` samples, never the gap between one choice's event and
-another's. Streamed requests only."""
+another's. Streamed requests only. A sampled request's worst gap is kept as its bucket's
+exemplar (trace id), so a stall on the heatmap links to its trace."""
 ENGINE_PHASE_DURATION: Final = "stagelens_engine_phase_duration_seconds"
 """Histogram {phase, model}: the engine's own per-request timings. How they relate to the
 gateway's time to first token: ``queue`` + ``prefill`` (queued to scheduled to first token,
@@ -342,30 +349,50 @@ TELEMETRY_ERRORS: Final = "stagelens_telemetry_errors_total"
 SPANS_DROPPED: Final = "stagelens_spans_dropped_total"
 """Counter {reason}: spans that could not be exported (queue full, export failed)."""
 SLI_REQUESTS: Final = "stagelens_sli_requests_total"
-"""Requests an SLI counts (labels: model, sli), recorded by the gateway at each request's end."""
+"""Requests an SLI counts (labels: model, sli, prompt_size), recorded by the gateway at each
+request's end."""
 SLI_ERRORS: Final = "stagelens_sli_errors_total"
-"""Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels: model, sli)."""  # noqa: E501
+"""Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels:
+model, sli, prompt_size)."""
 UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
 """Histogram {model}: from the start of the inference stage (upstream request sent)
 to the first output-bearing event received from the upstream (streamed calls only). The
 inference stage's share of the time to first token; its stage budget applies to this."""
+LABEL_PROMPT_SIZE: Final = "prompt_size"
+"""Prompt-size class of a request on the TTFT histogram and the SLI counters: the smallest
+configured bound (input tokens) at or above its input tokens, ``+Inf`` above the last,
+``unknown`` when its input tokens are not known."""
+PROMPT_SIZE_ABOVE: Final = "+Inf"
+"""``prompt_size`` label value: more input tokens than the last configured bound."""
+PROMPT_SIZE_UNKNOWN: Final = "unknown"
+"""``prompt_size`` label value: the request's input tokens are not known (it was answered
+before any inference call, or the call gave no usage and sent no prompt to estimate)."""
 LABEL_SLI: Final = "sli"
 """Which service level indicator a request was counted for (``availability``, ``ttft``,
-``itl``, ``goodput``); each request's verdict is decided by the gateway at its end."""
+``itl``, ``goodput``, ``answer``); each request's verdict is decided by the gateway at its
+end."""
 SLI_AVAILABILITY: Final = "availability"
 """``sli`` label value: every measured request except those whose client left before the
-answer was complete; bad when answered 5xx or when a stream failed after its 200 headers."""
+answer was complete and sooner than ``client_left_bad_after_seconds`` (a user changing their
+mind is no outage); bad when answered 5xx, when a stream failed after its 200 headers, or
+when the client left after the gateway had spent longer than that on it (a hang clients
+time out on, recorded as ``code="499"``)."""
 SLI_TTFT: Final = "ttft"
 """``sli`` label value: streamed completions not answered 4xx; bad when the time to first
-token exceeded ``ttft_slo_threshold_seconds`` or no first token came because the request
-failed (a client gone before the first token counts only if it waited past the threshold)."""
+token exceeded the threshold of the request's ``prompt_size`` class
+(``ttft_slo_thresholds_seconds``, else ``ttft_slo_threshold_seconds``) or no first token came
+because the request failed (a client gone before the first token counts only if it waited
+past the threshold)."""
 SLI_ITL: Final = "itl"
 """``sli`` label value: streamed requests with at least two output-bearing events; bad when
-their mean inter-token latency exceeded ``itl_slo_threshold_seconds`` or the stream failed
-after its first token."""
+their *worst* inter-token gap exceeded ``itl_stall_threshold_seconds`` (a stall: a mean hides
+one long freeze among many quick tokens, the user does not) or the stream failed after its
+first token."""
 SLI_GOODPUT: Final = "goodput"
 """``sli`` label value: the ``ttft`` requests; good only when both the TTFT and the ITL
-objectives were met (ITL counts as met with fewer than two output-bearing events)."""
+objectives were met and the stream was not cut after exactly one output event (failed, or
+its client gone): with one event there is no gap for the stall rule to judge, and a first
+token followed by nothing is no answer. ITL counts as met with fewer than two events."""
 UNMETERED_REQUESTS: Final = "stagelens_unmetered_requests_total"
 """Counter {model, billing}: requests with an inference call whose tokens the server's usage
 did not give: billed from what was received (``estimated``) or not billed at all
@@ -390,7 +417,7 @@ LABEL_CODE: Final = "code"
 LABEL_TENANT: Final = "tenant"
 """Bounded tenant: top-N configured tenants, everything else ``other``."""
 LABEL_TYPE: Final = "type"
-"""Token type: input, output, cached_input."""
+"""Token type: input, output, cached_input (part of input), reasoning (part of output)."""
 LABEL_PHASE: Final = "phase"
 """Engine phase: queue, prefill, decode (contract); the vLLM plugin adds ``frontend``
 (``PHASE_FRONTEND``): filter ``phase!="frontend"`` to compare engine phases alone."""
@@ -407,7 +434,7 @@ LABEL_NAME: Final = "name"
 LABEL_COMPONENT: Final = "component"
 """Telemetry component that failed (hook, exporter, nvml, vllm_plugin, ...)."""
 LABEL_REASON: Final = "reason"
-"""Why something was dropped."""
+"""Why something was dropped (spans) or kept (traces, with ``decision``)."""
 REASON_QUEUE_FULL: Final = "queue_full"
 """``reason`` label value: dropped before export, more spans waiting than the queue bound."""
 REASON_EXPORT_FAILED: Final = "export_failed"
@@ -570,3 +597,83 @@ GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
 """Name of an observable gauge the GenAI metrics register and that never observes anything:
 its callback, which the SDK runs at the start of every collection, folds the requests still
 queued, so each export has every finished request. Never exported (no data points)."""
+
+# Reasoning models (issue 30): reasoning tokens and the time to the first answer token.
+# --------------------------------------------------------------------------------------
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+"""On the inference and root spans: the request's reasoning tokens, a part of
+``gen_ai.usage.output_tokens`` (GenAI semantic conventions v1.41.1): the server's
+``usage.completion_tokens_details.reasoning_tokens`` when it reports them, else the
+reasoning events received, one token each (``stagelens.usage.estimated`` then set)."""
+TOKEN_TYPE_REASONING: Final = "reasoning"
+"""``type`` label value: reasoning tokens, a part of ``output`` (as ``cached_input`` is of
+``input``). Billed as output, at the output rate: the cost is unchanged by them."""
+GEN_AI_TOKEN_TYPE_REASONING: Final = "reasoning"
+"""``gen_ai.token.type`` value (a stagelens extension: the conventions name only ``input``
+and ``output``): the reasoning tokens of a request, a part of its ``output`` value, so a
+sum over ``input`` and ``output`` still counts every billed token once."""
+TIME_TO_FIRST_ANSWER_TOKEN: Final = "stagelens_time_to_first_answer_token_seconds"
+"""Histogram {model}: gateway receipt to the first body sent to the client after the first
+answer-bearing event arrived from upstream (content, a tool call, a completion's text:
+anything but reasoning). Equal to ``stagelens_time_to_first_token_seconds`` for a model
+that does not reason; for one that does, the time the user waits past the thinking. Same
+buckets as the TTFT histogram, with the answer SLO threshold a boundary."""
+ATTR_TTFAT: Final = "stagelens.time_to_first_answer_token"
+"""On the root span: seconds from gateway receipt to the first answer token sent (as
+``stagelens_time_to_first_answer_token_seconds``)."""
+SLI_ANSWER: Final = "answer"
+"""``sli`` label value: the ``ttft`` requests (streamed completions not answered 4xx); bad
+when the time to first answer token exceeded ``answer_slo_threshold_seconds``, or no answer
+token came because the request failed or the stream was cut during the reasoning (a client
+gone before the answer counts only if it waited past the threshold)."""
+
+# Tail sampling (issue 29): the sampler ``OTEL_TRACES_SAMPLER`` names, and the decisions it
+# makes when each request ends (``stagelens/tail_sampling.py``).
+TRACES_SAMPLER_TAIL: Final = "stagelens_tail"
+"""``OTEL_TRACES_SAMPLER`` value (an ``opentelemetry_traces_sampler`` entry point): keep a
+trace by what happened to its request, decided when the request ends;
+``OTEL_TRACES_SAMPLER_ARG`` is the base keep ratio for requests that went fine."""
+TRACE_DECISIONS: Final = "stagelens_trace_decisions_total"
+"""Counter {decision, reason}: requests whose trace the tail sampler (``stagelens_tail``)
+kept or dropped, and why; counted only while that sampler is in use."""
+LABEL_DECISION: Final = "decision"
+"""What the tail sampler decided for a request's trace: ``kept`` or ``dropped``."""
+DECISION_KEPT: Final = "kept"
+"""``decision`` label value: the trace was exported, whole."""
+DECISION_DROPPED: Final = "dropped"
+"""``decision`` label value: the trace's spans were discarded unbuilt (its metrics count)."""
+REASON_ERROR: Final = "error"
+"""``reason`` label value (kept): answered 5xx, failed after its headers or the app
+raised (an upstream error among them)."""
+REASON_CLIENT_LEFT: Final = "client_left"
+"""``reason`` label value (kept): the client went away before the answer was complete."""
+REASON_SLOW: Final = "slow"
+"""``reason`` label value (kept): slow against the SLO thresholds: bad for the ``ttft``,
+``itl`` or ``goodput`` SLI, an inter-token gap over ``tail_stall_seconds`` or a duration
+over ``tail_slow_seconds``."""
+REASON_EXEMPLAR: Final = "exemplar"
+"""``reason`` label value (kept): chosen to be an exemplar, its request duration falling in
+a bucket no kept trace of its model had filled recently, or the slowest request of its
+model so far in the current window (so the slowest of any stretch of traffic is kept)."""
+REASON_PARENT: Final = "parent"
+"""``reason`` label value (kept): the caller's ``traceparent`` said sampled."""
+REASON_RATIO: Final = "ratio"
+"""``reason`` label value (kept): chosen by the base keep ratio from the trace id alone, as
+OpenTelemetry's ``TraceIdRatioBased`` chooses (so services sampling by ratio agree)."""
+REASON_FINE: Final = "fine"
+"""``reason`` label value (dropped): the request went fine and the base ratio did not
+choose its trace."""
+
+# The fastest and slowest value each gateway histogram series observed (issue 27): what
+# ``stagelens report`` narrows a percentile read from buckets with, so that it never lies
+# above the slowest request or below the fastest (``stagelens.percentiles``).
+LABEL_HISTOGRAM: Final = "histogram"
+"""Label of ``stagelens_histogram_min_seconds`` / ``_max_seconds``: the histogram's name."""
+HISTOGRAM_MIN: Final = "stagelens_histogram_min_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the smallest value one series
+of a gateway histogram (named by ``histogram``, with that series' own labels) observed since
+the process started, as its ``_bucket`` counts run since then. Not exposed in multiprocess
+mode."""
+HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
+"""Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
+``stagelens_histogram_min_seconds``."""

@@ -87,6 +87,15 @@ class SpanSpec:
 
 
 _GW: Final = (GATEWAY,)
+_EXTREMES_LABELS: Final = (
+    sc.LABEL_HISTOGRAM,
+    sc.LABEL_STAGE,
+    sc.LABEL_PHASE,
+    sc.LABEL_MODEL,
+    sc.LABEL_CODE,
+    sc.LABEL_PROMPT_SIZE,
+)
+"""The labels of the extremes gauges: the histogram's name and each series' own labels."""
 _GPU: Final = (GPU_COLLECTOR,)
 _PLUGIN: Final = (VLLM_PLUGIN,)
 _GPU_LABELS: Final = (sc.LABEL_GPU, sc.LABEL_UUID, sc.LABEL_NAME)
@@ -95,7 +104,14 @@ _ENGINE_LABELS: Final = (sc.LABEL_BACKEND, sc.LABEL_MODEL)
 METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(sc.STAGE_DURATION, "histogram", "seconds", (sc.LABEL_STAGE, sc.LABEL_MODEL), _GW),
     MetricSpec(sc.REQUEST_DURATION, "histogram", "seconds", (sc.LABEL_MODEL, sc.LABEL_CODE), _GW),
-    MetricSpec(sc.TIME_TO_FIRST_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(
+        sc.TIME_TO_FIRST_TOKEN,
+        "histogram",
+        "seconds",
+        (sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
+    MetricSpec(sc.TIME_TO_FIRST_ANSWER_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(sc.INTER_TOKEN_LATENCY, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
         sc.ENGINE_PHASE_DURATION,
@@ -108,9 +124,23 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         sc.REJECTIONS, "counter", "requests", (sc.LABEL_STAGE, sc.LABEL_MODEL, sc.LABEL_CODE), _GW
     ),
-    MetricSpec(sc.SLI_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
-    MetricSpec(sc.SLI_ERRORS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_SLI), _GW),
+    MetricSpec(
+        sc.SLI_REQUESTS,
+        "counter",
+        "requests",
+        (sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
+    MetricSpec(
+        sc.SLI_ERRORS,
+        "counter",
+        "requests",
+        (sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
     MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(sc.HISTOGRAM_MIN, "gauge", "seconds", _EXTREMES_LABELS, _GW),
+    MetricSpec(sc.HISTOGRAM_MAX, "gauge", "seconds", _EXTREMES_LABELS, _GW),
     MetricSpec(
         sc.UNMETERED_REQUESTS, "counter", "requests", (sc.LABEL_MODEL, sc.LABEL_BILLING), _GW
     ),
@@ -124,6 +154,9 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         sc.TELEMETRY_ERRORS, "counter", "errors", (sc.LABEL_COMPONENT,), (GATEWAY, VLLM_PLUGIN)
     ),
     MetricSpec(sc.SPANS_DROPPED, "counter", "spans", (sc.LABEL_REASON,), _GW),
+    MetricSpec(
+        sc.TRACE_DECISIONS, "counter", "requests", (sc.LABEL_DECISION, sc.LABEL_REASON), _GW
+    ),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),
@@ -307,6 +340,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_HW_GPU_TASK, "string"),
     AttributeSpec(sc.ATTR_PROCESS_PID, "int"),
     AttributeSpec(sc.ATTR_PROCESS_EXECUTABLE_NAME, "string"),
+    AttributeSpec(sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "int", "{token}"),
+    AttributeSpec(sc.ATTR_TTFAT, "double", "s"),
 )
 """Every attribute key on spans or OpenTelemetry metrics, with its value type and unit."""
 
@@ -334,6 +369,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_REQUEST_MODEL,
             sc.ATTR_TENANT,
             sc.ATTR_TTFT,
+            sc.ATTR_TTFAT,
+            sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
             sc.ATTR_CLIENT_DISCONNECTED,
             sc.ATTR_REJECTED_BY,
             sc.ERROR_TYPE,
@@ -370,6 +407,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_REQUEST_ENCODING_FORMATS,
             sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT,
             *_USAGE,
+            sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
             sc.GEN_AI_INPUT_MESSAGES,
             sc.GEN_AI_OUTPUT_MESSAGES,
             sc.SERVER_ADDRESS,
@@ -405,7 +443,9 @@ VALUE_PREFIXES: Final[dict[str, str]] = {
     "PHASE_": sc.LABEL_PHASE,
     "COMPONENT_": sc.LABEL_COMPONENT,
     "REASON_": sc.LABEL_REASON,
+    "DECISION_": sc.LABEL_DECISION,
     "SLI_": sc.LABEL_SLI,
+    "PROMPT_SIZE_": sc.LABEL_PROMPT_SIZE,
     "BUDGET_WINDOW_": sc.LABEL_WINDOW,
     "TENANT_": sc.LABEL_TENANT,
     "MODEL_": sc.LABEL_MODEL,

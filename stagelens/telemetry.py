@@ -104,6 +104,12 @@ def recording_for(registry: CollectorRegistry, settings: Settings) -> Recording:
                 f"{found.instruments.ttft_threshold}s; use a separate registry for "
                 f"{settings.ttft_slo_threshold_seconds}s"
             )
+        elif found.instruments.answer_threshold != settings.answer_slo_threshold_seconds:
+            raise ConfigurationError(
+                "this registry already has time-to-first-answer-token buckets for threshold "
+                f"{found.instruments.answer_threshold}s; use a separate registry for "
+                f"{settings.answer_slo_threshold_seconds}s"
+            )
         return found
 
 

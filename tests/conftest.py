@@ -73,6 +73,34 @@ def vllm_server(tiny_model: Path, vllm_span_receiver: OtlpReceiver) -> Iterator[
 
 
 @pytest.fixture(scope="session")
+def vllm_reasoning_server() -> Iterator[VllmServer]:
+    """A real vLLM server with a reasoning parser, serving the tiny model's reasoning
+    variant as ``tiny-think`` (it thinks for the request's ``thinking_token_budget``
+    tokens, then answers); started once, only for the tests that ask for it."""
+    require_vllm()
+    from stagelens.reference.tinymodel import (
+        REASONING_CONFIG,
+        REASONING_PARSER,
+        ensure_tiny_model,
+    )
+
+    server = VllmServer(
+        model=str(ensure_tiny_model("tiny-think", reasoning=True)),
+        port=free_port(),
+        served_model_names=("tiny-think",),
+        log_path=ARTIFACTS / "vllm-reasoning.log",
+        env={"PYTHONUNBUFFERED": "1", **_otel_env_for_vllm()},
+        extra_args=("--reasoning-parser", REASONING_PARSER, "--reasoning-config", REASONING_CONFIG),
+    )
+    server.start()
+    try:
+        server.wait_ready(timeout=float(os.environ.get("STAGELENS_VLLM_START_TIMEOUT", "600")))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def vllm_embed_server(tiny_model: Path) -> Iterator[VllmServer]:
     """A vLLM pooling server serving the tiny model for embeddings as ``tiny-embed``;
     started once, only for the tests that ask for it."""

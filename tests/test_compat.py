@@ -4,6 +4,7 @@ versions, and its public fallback gives the same result."""
 from __future__ import annotations
 
 import http.server
+import math
 import re
 import threading
 from collections.abc import Iterator
@@ -103,7 +104,9 @@ def test_fast_recording_equals_prometheus_client(multiprocess, monkeypatch, path
     assert (counter._value is not None) is active
     for v in observed:
         fast.observe(v)
-    FastHistogram(hb2).observe_many(observed)
+    bulk = FastHistogram(hb2)
+    bulk.observe_many(observed)
+    assert (fast.lowest, fast.highest) == (bulk.lowest, bulk.highest) == (0.0, 1e9)
     for n in amounts:
         counter.inc(n)
     counter.inc(-5)  # dropped: a counter never goes down
@@ -129,14 +132,20 @@ _VALUES = st.lists(
 @given(values=_VALUES)
 def test_observe_many_counts_as_observe_would(values: list[float]) -> None:
     """Any values (bounds, ints, infinities, NaN) observed at once land in the buckets, and
-    add to the count and sum, as observing each in turn through ``observe()`` would."""
+    add to the count and sum, as observing each in turn through ``observe()`` would; the
+    smallest and largest kept are those of the values that are numbers."""
     a, b = CollectorRegistry(), CollectorRegistry()
     ha = Histogram("h", "h", buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=a)
     hb = Histogram("h", "h", buckets=INTER_TOKEN_LATENCY_BUCKETS, registry=b)
     for value in values:
         if value == value:  # FastHistogram drops NaN; observe() adds it to the sum
             ha.observe(value)
-    FastHistogram(hb).observe_many(list(values))
+    fast = FastHistogram(hb)
+    fast.observe_many(list(values))
+    numbers = [v for v in values if v == v]
+    assert (fast.lowest, fast.highest) == (
+        (min(numbers), max(numbers)) if numbers else (math.inf, -math.inf)
+    )
     want = {(n, repr(lbl)): v for n, lbl, v in _samples(a) if not n.endswith("_sum")}
     got = {(n, repr(lbl)): v for n, lbl, v in _samples(b) if not n.endswith("_sum")}
     assert got == want

@@ -16,7 +16,12 @@ from prometheus_client.samples import Exemplar
 
 from stagelens import _compat, semconv
 from stagelens._series import exemplar_labels
-from stagelens.buckets import REQUEST_DURATION_BUCKETS, STAGE_DURATION_BUCKETS, ttft_buckets
+from stagelens.buckets import (
+    INTER_TOKEN_LATENCY_BUCKETS,
+    REQUEST_DURATION_BUCKETS,
+    STAGE_DURATION_BUCKETS,
+    ttft_buckets,
+)
 from stagelens.config import Settings
 from stagelens.fold import FOLD_EVERY
 from stagelens.prometheus_sink import PrometheusSink
@@ -24,19 +29,27 @@ from stagelens.record import ExemplarRef, RequestRecord, StageTimes
 from stagelens.telemetry import recording_for
 
 _HISTOGRAMS = (
-    (semconv.TIME_TO_FIRST_TOKEN, {"model": "m"}),
+    (semconv.TIME_TO_FIRST_TOKEN, {"model": "m", "prompt_size": "1024"}),
+    (semconv.INTER_TOKEN_LATENCY, {"model": "m"}),
     (semconv.REQUEST_DURATION, {"model": "m", "code": "200"}),
     (semconv.STAGE_DURATION, {"stage": "tokenizer", "model": "m"}),
 )
 
 
-def _record(ttft: float, duration: float, tokenizer: float, ref: ExemplarRef | None) -> Any:
+def _record(
+    ttft: float,
+    duration: float,
+    tokenizer: float,
+    ref: ExemplarRef | None,
+    gaps: tuple[float, ...] = (),
+) -> Any:
     return RequestRecord(
         model="m",
         code="200",
         duration=duration,
         ttft=ttft,
-        gaps=[],
+        gaps=list(gaps),
+        prompt_size="1024",
         stages=StageTimes([("tokenizer", tokenizer)]),
         phases=None,
         rejected_by=None,
@@ -62,8 +75,19 @@ def _replayed(records: list[Any]) -> CollectorRegistry:
     ``observe(value, exemplar)``: the reading the fold must equal."""
     registry = CollectorRegistry()
     ttft = Histogram(
-        semconv.TIME_TO_FIRST_TOKEN, "", ["model"], buckets=ttft_buckets(0.5), registry=registry
-    ).labels("m")
+        semconv.TIME_TO_FIRST_TOKEN,
+        "",
+        ["model", "prompt_size"],
+        buckets=ttft_buckets(0.5),
+        registry=registry,
+    ).labels("m", "1024")
+    itl = Histogram(  # its child made by the first gap, as the fold binds it
+        semconv.INTER_TOKEN_LATENCY,
+        "",
+        ["model"],
+        buckets=INTER_TOKEN_LATENCY_BUCKETS,
+        registry=registry,
+    )
     duration = Histogram(
         semconv.REQUEST_DURATION,
         "",
@@ -83,6 +107,11 @@ def _replayed(records: list[Any]) -> CollectorRegistry:
         ttft.observe(r.ttft, labels)
         duration.observe(r.duration, labels)
         stage.observe(r.stages[0][1], labels)
+        worst = max(r.gaps) if r.gaps else None
+        for gap in r.gaps:  # only the worst gap names the trace (the stall to look at)
+            itl.labels("m").observe(gap, labels if gap == worst else None)
+            if gap == worst:
+                worst = None  # the first of equal worst gaps: one exemplar per request
     return registry
 
 
@@ -98,18 +127,30 @@ class TestLatestPerBucket:
 
     @settings(max_examples=60, deadline=None)
     @given(
-        st.lists(st.tuples(_SECONDS, _SECONDS, _SECONDS, st.booleans()), min_size=1, max_size=80),
+        st.lists(
+            st.tuples(
+                _SECONDS,
+                _SECONDS,
+                _SECONDS,
+                st.booleans(),
+                st.lists(st.floats(min_value=0.0, max_value=3.0), max_size=6).map(tuple),
+            ),
+            min_size=1,
+            max_size=80,
+        ),
         st.integers(min_value=1, max_value=FOLD_EVERY),
     )
     def test_fold_equals_observe_with_exemplars_in_order(
-        self, requests: list[tuple[float, float, float, bool]], scrape_every: int
+        self,
+        requests: list[tuple[float, float, float, bool, tuple[float, ...]]],
+        scrape_every: int,
     ) -> None:
         """For any requests, sampled or not, folded in batches of any size (scrapes between
         them), every bucket's exemplar is the one prometheus-client keeps when each request
         is observed in turn with its trace as exemplar, and counts and sums agree."""
         records = [
-            _record(a, b, c, _ref(i) if sampled else None)
-            for i, (a, b, c, sampled) in enumerate(requests)
+            _record(a, b, c, _ref(i) if sampled else None, gaps)
+            for i, (a, b, c, sampled, gaps) in enumerate(requests)
         ]
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
@@ -137,28 +178,28 @@ class TestLatestPerBucket:
         landing in a bucket after a sampled request leaves that request's exemplar."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(1)))
-        fold.submit(_record(0.3, 1.0, 0.002, None))  # same buckets, sampled out
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, 1.0, 0.002, None))  # same buckets, sampled out
         fold.submit(_record(4.0, 30.0, 1.5, None))  # buckets of its own
         fold.fold()
-        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
+        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert list(ttft) == ["0.5"]
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
-        assert ttft["0.5"].value == 0.3
+        assert ttft["0.5"].value == 0.45
         assert registry.get_sample_value(
-            f"{semconv.TIME_TO_FIRST_TOKEN}_count", {"model": "m"}
+            f"{semconv.TIME_TO_FIRST_TOKEN}_count", {"model": "m", "prompt_size": "1024"}
         ) == pytest.approx(3.0)
 
     def test_an_exemplar_outlives_batches_without_sampled_requests(self) -> None:
         """A fold of sampled-out requests only keeps the exemplars of earlier folds."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(7)))
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(7)))
         fold.fold()
         for _ in range(FOLD_EVERY):
-            fold.submit(_record(0.3, 1.0, 0.002, None))
+            fold.submit(_record(0.45, 1.0, 0.002, None))
         fold.fold()
-        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
+        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert ttft["0.5"].labels[semconv.EXEMPLAR_TRACE_ID] == f"{_ref(7).trace_id:032x}"
 
     def test_a_bad_record_names_no_trace(self) -> None:
@@ -166,10 +207,10 @@ class TestLatestPerBucket:
         though its other values would have been valid."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(1)))
-        fold.submit(_record(0.3, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(1)))
+        fold.submit(_record(0.45, "x", 0.002, _ref(2)))  # type: ignore[arg-type]
         fold.fold()
-        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m")
+        ttft = _exemplars(registry, semconv.TIME_TO_FIRST_TOKEN, model="m", prompt_size="1024")
         assert ttft["0.5"].labels == exemplar_labels(_ref(1))
 
     def test_openmetrics_exposition_carries_trace_and_span_ids(self) -> None:
@@ -177,16 +218,18 @@ class TestLatestPerBucket:
         the W3C hex ids, the value and the request's end time."""
         registry = CollectorRegistry()
         fold = recording_for(registry, Settings()).fold
-        fold.submit(_record(0.3, 1.0, 0.002, _ref(0)))
+        fold.submit(_record(0.45, 1.0, 0.002, _ref(0)))
         text = openmetrics(registry).decode()
         line = next(
             row
             for row in text.splitlines()
-            if row.startswith(f'{semconv.TIME_TO_FIRST_TOKEN}_bucket{{le="0.5",model="m"}}')
+            if row.startswith(
+                f'{semconv.TIME_TO_FIRST_TOKEN}_bucket{{le="0.5",model="m",prompt_size="1024"}}'
+            )
         )
         assert line.endswith(
             ' # {span_id="b7ad6b7169203331",trace_id="0af7651916cd43dd8448eb211c80319c"}'
-            " 0.3 1000000000.0"
+            " 0.45 1000000000.0"
         )
 
 
@@ -209,7 +252,7 @@ class TestMultiprocess:
             fold.submit(_record(0.3, 1.0, 0.002, _ref(i)))
         served = CollectorRegistry()
         mp.MultiProcessCollector(served)
-        labels = {"model": "m"}
+        labels = {"model": "m", "prompt_size": "1024"}
         count = served.get_sample_value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", labels)
         assert count == 3.0
         assert all(

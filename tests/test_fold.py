@@ -52,7 +52,7 @@ def test_request_records_are_folded_before_every_collection() -> None:
 
     assert value(semconv.REQUESTS, model="m", code="200") == 2.0
     assert value(f"{semconv.REQUEST_DURATION}_sum", model="m", code="200") == 0.5
-    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") == 2.0
+    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m", prompt_size="unknown") == 2.0
     assert value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 6.0
     assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
     assert value(f"{semconv.ENGINE_PHASE_DURATION}_sum", phase="prefill", model="m") == 0.08
@@ -62,32 +62,50 @@ def test_request_records_are_folded_before_every_collection() -> None:
     assert not fold._pending
 
 
-def test_sli_verdicts_are_counted_per_model_and_sli() -> None:
-    """Each verdict of each record counts one request of its SLI and model, and one error
-    when bad; a good verdict binds the error series at 0."""
+def test_sli_verdicts_are_counted_per_model_sli_and_prompt_size() -> None:
+    """Each verdict of each record counts one request of its SLI, model and prompt-size
+    class, and one error when bad; a good verdict binds the error series at 0. Its TTFT is
+    observed under its class too."""
     registry = CollectorRegistry()
     fold = recording_for(registry, Settings()).fold
     good = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, False))
     slow = ((semconv.SLI_AVAILABILITY, False), (semconv.SLI_TTFT, True))
-    for model, verdicts in [("a", good), ("a", slow), ("b", good), ("a", slow), ("b", ())]:
-        fold.submit(_record(model, verdicts=verdicts))
+    given = [
+        ("a", "1024", good),
+        ("a", "8192", slow),
+        ("b", "1024", good),
+        ("a", "1024", slow),
+        ("b", "1024", ()),
+    ]
+    for model, size, verdicts in given:
+        fold.submit(_record(model, verdicts=verdicts, prompt_size=size))
     fold.fold()
     got = {
-        (model, sli): (
-            _value(registry, semconv.SLI_REQUESTS, model=model, sli=sli),
-            _value(registry, semconv.SLI_ERRORS, model=model, sli=sli),
+        (model, sli, size): (
+            _value(registry, semconv.SLI_REQUESTS, model=model, sli=sli, prompt_size=size),
+            _value(registry, semconv.SLI_ERRORS, model=model, sli=sli, prompt_size=size),
         )
         for model in "ab"
         for sli in (semconv.SLI_AVAILABILITY, semconv.SLI_TTFT, semconv.SLI_ITL)
+        for size in ("1024", "8192")
     }
     assert got == {
-        ("a", semconv.SLI_AVAILABILITY): (3.0, 0.0),
-        ("a", semconv.SLI_TTFT): (3.0, 2.0),
-        ("a", semconv.SLI_ITL): (None, None),
-        ("b", semconv.SLI_AVAILABILITY): (1.0, 0.0),
-        ("b", semconv.SLI_TTFT): (1.0, 0.0),
-        ("b", semconv.SLI_ITL): (None, None),
+        ("a", semconv.SLI_AVAILABILITY, "1024"): (2.0, 0.0),
+        ("a", semconv.SLI_AVAILABILITY, "8192"): (1.0, 0.0),
+        ("a", semconv.SLI_TTFT, "1024"): (2.0, 1.0),
+        ("a", semconv.SLI_TTFT, "8192"): (1.0, 1.0),
+        ("a", semconv.SLI_ITL, "1024"): (None, None),
+        ("a", semconv.SLI_ITL, "8192"): (None, None),
+        ("b", semconv.SLI_AVAILABILITY, "1024"): (1.0, 0.0),
+        ("b", semconv.SLI_AVAILABILITY, "8192"): (None, None),
+        ("b", semconv.SLI_TTFT, "1024"): (1.0, 0.0),
+        ("b", semconv.SLI_TTFT, "8192"): (None, None),
+        ("b", semconv.SLI_ITL, "1024"): (None, None),
+        ("b", semconv.SLI_ITL, "8192"): (None, None),
     }
+    ttft = f"{semconv.TIME_TO_FIRST_TOKEN}_count"
+    assert _value(registry, ttft, model="a", prompt_size="1024") == 2.0
+    assert _value(registry, ttft, model="a", prompt_size="8192") == 1.0
 
 
 def test_a_rejection_is_counted_by_the_fold() -> None:
@@ -149,7 +167,7 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
 
     assert value(semconv.REQUESTS, model="m", code="200") == good
     assert value(f"{semconv.REQUEST_DURATION}_count", model="m", code="200") == good
-    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") == good
+    assert value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m", prompt_size="unknown") == good
     assert value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * good
     for stage in ("gateway", "inference"):
         assert value(f"{semconv.STAGE_DURATION}_count", stage=stage, model="m") == good
@@ -169,7 +187,7 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
 
     registry = CollectorRegistry()
     fold, instruments = recording_for(registry, Settings())
-    broken = instruments.for_model("m").ttft()
+    broken = instruments.for_model("m").ttft("unknown")
     observe_many = FastHistogram.observe_many
 
     def failing(self: FastHistogram, values: list[float], exemplars: Any = None) -> None:
@@ -180,7 +198,8 @@ def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     monkeypatch.setattr(FastHistogram, "observe_many", failing)
     for _ in range(FOLD_EVERY):
         fold.submit(_record())
-    assert _value(registry, f"{semconv.TIME_TO_FIRST_TOKEN}_count", model="m") in (None, 0.0)
+    ttft_count = f"{semconv.TIME_TO_FIRST_TOKEN}_count"
+    assert _value(registry, ttft_count, model="m", prompt_size="unknown") in (None, 0.0)
     assert _value(registry, semconv.REQUESTS, model="m", code="200") == FOLD_EVERY
     assert _value(registry, f"{semconv.INTER_TOKEN_LATENCY}_count", model="m") == 3 * FOLD_EVERY
     assert _value(registry, semconv.COST_USD, model="m", tenant="acme") == pytest.approx(
@@ -257,8 +276,8 @@ def test_the_failure_log_quotes_no_record_value(caplog, monkeypatch) -> None:
 _MODELS = st.sampled_from(["m", "n", "other"])
 _SECONDS = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 _VERDICTS = st.lists(
-    st.tuples(st.sampled_from(["availability", "ttft", "itl", "goodput"]), st.booleans()),
-    max_size=4,
+    st.tuples(st.sampled_from(["availability", "ttft", "itl", "goodput", "answer"]), st.booleans()),
+    max_size=5,
     unique_by=lambda verdict: verdict[0],
 ).map(tuple)
 _RECORDS = st.builds(
@@ -285,11 +304,19 @@ _RECORDS = st.builds(
         output_tokens=st.integers(0, 10_000),
         cached_input_tokens=st.integers(0, 10_000),
         cost_usd=st.floats(min_value=0.0, max_value=10.0),
+        reasoning_tokens=st.integers(0, 10_000),
     ),
     upstream_ttft=st.none() | _SECONDS,
     verdicts=_VERDICTS,
     unmetered=st.none() | st.sampled_from(["estimated", "unbilled"]),
     exemplar=st.none() | st.builds(ExemplarRef, st.just(1), st.just(2), st.just(3.0)),
+    ttfat=st.none() | _SECONDS,
+    prompt_size=st.sampled_from(["1024", "+Inf", "unknown"]),
+    trace_decision=st.none()
+    | st.tuples(
+        st.sampled_from([semconv.DECISION_KEPT, semconv.DECISION_DROPPED]),
+        st.sampled_from([semconv.REASON_ERROR, semconv.REASON_RATIO, semconv.REASON_FINE]),
+    ),
 )
 
 
@@ -309,7 +336,11 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     duration = histogram(
         semconv.REQUEST_DURATION, ["model", "code"], buckets.REQUEST_DURATION_BUCKETS
     )
-    ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model"], ttft_bounds)
+    ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model", "prompt_size"], ttft_bounds)
+    answer_bounds = buckets.answer_buckets(
+        settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+    )
+    ttfat = histogram(semconv.TIME_TO_FIRST_ANSWER_TOKEN, ["model"], answer_bounds)
     itl = histogram(semconv.INTER_TOKEN_LATENCY, ["model"], buckets.INTER_TOKEN_LATENCY_BUCKETS)
     stage = histogram(semconv.STAGE_DURATION, ["stage", "model"], buckets.STAGE_DURATION_BUCKETS)
     phase = histogram(
@@ -319,15 +350,20 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     requests = counter(semconv.REQUESTS, ["model", "code"])
     rejections = counter(semconv.REJECTIONS, ["stage", "model", "code"])
     unmetered = counter(semconv.UNMETERED_REQUESTS, ["model", "billing"])
-    sli_requests = counter(semconv.SLI_REQUESTS, ["model", "sli"])
-    sli_errors = counter(semconv.SLI_ERRORS, ["model", "sli"])
+    sli_requests = counter(semconv.SLI_REQUESTS, ["model", "sli", "prompt_size"])
+    sli_errors = counter(semconv.SLI_ERRORS, ["model", "sli", "prompt_size"])
     tokens = counter(semconv.TOKENS, ["model", "tenant", "type"])
     cost = counter(semconv.COST_USD, ["model", "tenant"])
+    decisions = counter(semconv.TRACE_DECISIONS, ["decision", "reason"])
     for r in records:
+        if r.trace_decision is not None:
+            decisions.labels(*r.trace_decision).inc()
         duration.labels(r.model, r.code).observe(r.duration)
         requests.labels(r.model, r.code).inc()
         if r.ttft is not None:
-            ttft.labels(r.model).observe(r.ttft)
+            ttft.labels(r.model, r.prompt_size).observe(r.ttft)
+        if r.ttfat is not None:
+            ttfat.labels(r.model).observe(r.ttfat)
         for gap in r.gaps:
             itl.labels(r.model).observe(gap)
         for name, seconds in r.stages:
@@ -341,13 +377,14 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         if r.unmetered is not None:
             unmetered.labels(r.model, r.unmetered).inc()
         for sli, bad in r.verdicts:
-            sli_requests.labels(r.model, sli).inc()
-            sli_errors.labels(r.model, sli).inc(1 if bad else 0)
+            sli_requests.labels(r.model, sli, r.prompt_size).inc()
+            sli_errors.labels(r.model, sli, r.prompt_size).inc(1 if bad else 0)
         if r.billing is not None:
             b = r.billing
             tokens.labels(r.model, b.tenant, "input").inc(b.input_tokens)
             tokens.labels(r.model, b.tenant, "output").inc(b.output_tokens)
             tokens.labels(r.model, b.tenant, "cached_input").inc(b.cached_input_tokens)
+            tokens.labels(r.model, b.tenant, "reasoning").inc(b.reasoning_tokens)
             cost.labels(r.model, b.tenant).inc(b.cost_usd)
     return registry
 

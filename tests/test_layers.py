@@ -80,9 +80,7 @@ def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
     return skipped
 
 
-def imported(
-    module: str, path: Path, known: set[str], *, run_time_only: bool = False
-) -> set[str]:
+def imported(module: str, path: Path, known: set[str], *, run_time_only: bool = False) -> set[str]:
     """The ``stagelens`` modules that ``module`` imports, wherever the import statement is
     (with ``run_time_only``, leaving out those under ``if TYPE_CHECKING:``)."""
     package = module if path.stem == "__init__" else module.rpartition(".")[0]

@@ -144,3 +144,47 @@ class TestTraceSources:
         args = self._args(tmp_path, trace_file=path, trace_id="b" * 32)
         assert write_report(args, METRICS) == 0
         assert f"trace {'b' * 32}" in (tmp_path / "r.html").read_text()
+
+
+REASONING_METRICS = """\
+# TYPE stagelens_tokens_total counter
+stagelens_tokens_total{model="tiny-think",tenant="acme",type="output"} 200.0
+stagelens_tokens_total{model="tiny-think",tenant="acme",type="reasoning"} 150.0
+stagelens_tokens_total{model="tiny-think",tenant="beta",type="output"} 100.0
+stagelens_tokens_total{model="tiny-think",tenant="beta",type="reasoning"} 10.0
+stagelens_tokens_total{model="tiny",tenant="acme",type="output"} 500.0
+stagelens_tokens_total{model="tiny",tenant="acme",type="reasoning"} 0.0
+# TYPE stagelens_time_to_first_answer_token_seconds histogram
+stagelens_time_to_first_answer_token_seconds_bucket{model="tiny-think",le="0.5"} 1.0
+stagelens_time_to_first_answer_token_seconds_bucket{model="tiny-think",le="1.0"} 4.0
+stagelens_time_to_first_answer_token_seconds_bucket{model="tiny-think",le="+Inf"} 4.0
+stagelens_time_to_first_answer_token_seconds_sum{model="tiny-think"} 2.5
+stagelens_time_to_first_answer_token_seconds_count{model="tiny-think"} 4.0
+"""
+
+
+class TestReasoningShare:
+    """The reasoning share per model and tenant, from stagelens_tokens_total."""
+
+    def test_text_and_html_show_the_share_per_model_and_tenant(self) -> None:
+        """75 % of acme's output on tiny-think was thinking, 10 % of beta's; tiny (no
+        reasoning) has no line; the time to first answer token has its line and chart."""
+        from stagelens.views.report import reasoning_shares, render_table
+
+        rows = [(r.model, r.tenant, r.share) for r in reasoning_shares(REASONING_METRICS)]
+        assert rows == [("tiny-think", "acme", 0.75), ("tiny-think", "beta", 0.1)]
+        table = render_table(REASONING_METRICS)
+        acme = next(
+            line for line in table.splitlines() if line.startswith("tiny-think") and "acme" in line
+        )
+        assert acme.split()[-1] == "75.0%"
+        assert any(line.startswith("first answer") for line in table.splitlines())
+        page = render_page(
+            read_figures(REASONING_METRICS),
+            None,
+            metrics_source="http://gw/metrics",
+            trace_note="note",
+        )
+        assert "Reasoning share by model and tenant" in page
+        assert "<td>tiny-think</td><td>acme</td><td>200</td><td>150</td><td>75.0%" in page
+        assert 'Time to first answer token</b> <span class="meta">4 samples' in page

@@ -174,6 +174,31 @@ class TestWaterfall:
         spans = [*SPANS[1:]]  # the root missing: its children are roots
         assert [r.depth for r in build(spans).rows][:2] == [0, 0]
 
+    def test_a_root_that_reasoned_shows_thinking_and_answer_apart(self) -> None:
+        """First token at 100 ms, first answer token at 300 ms: a ``thinking`` row from 100
+        to 300 ms and an ``answer`` row from 300 ms to the end, under the root; a root
+        whose two times are equal (no thinking) gets neither."""
+        times = {semconv.ATTR_TTFT: 0.1, semconv.ATTR_TTFAT: 0.3}
+        root = _span(1, None, "POST /v1/chat/completions", 1_000_000_000, 1_400_000_000, **times)
+        rows = build([root, *SPANS[1:]]).rows
+        phases = [
+            (r.label, r.start_ns, r.end_ns) for r in rows if r.span.name in ("thinking", "answer")
+        ]
+        assert phases == [
+            ("  thinking", 100_000_000, 300_000_000),
+            ("  answer", 300_000_000, 400_000_000),
+        ]
+        same = _span(
+            1,
+            None,
+            "POST /v1/chat/completions",
+            1_000_000_000,
+            1_400_000_000,
+            **{semconv.ATTR_TTFT: 0.1, semconv.ATTR_TTFAT: 0.1},
+        )
+        assert len(build([same, *SPANS[1:]]).rows) == len(SPANS)
+        assert len(build(SPANS).rows) == len(SPANS)
+
     @settings(max_examples=500, deadline=None)
     @given(
         st.integers(1, 10**12),

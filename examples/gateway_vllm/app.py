@@ -137,13 +137,23 @@ class Gateway:
             any(b.healthy for b in pool.balancer.backends) for pool in self.router.pools.values()
         )
 
-    async def bill(self, tenant: str, input_tokens: int, output_tokens: int, cached: int) -> None:
+    async def bill(
+        self,
+        tenant: str,
+        input_tokens: int,
+        output_tokens: int,
+        cached: int,
+        reasoning: int | None = None,
+    ) -> None:
         """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger,
         returning once the ledger has committed it. A ledger that cannot be written does
         not fail the request: the failure is counted
         (``stagelens_telemetry_errors_total{component="ledger"}``) and logged once."""
         record_usage(
-            input_tokens=input_tokens, output_tokens=output_tokens, cached_input_tokens=cached
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            cached_input_tokens=cached,
+            reasoning_output_tokens=reasoning,
         )
         cost = stagelens.bill() or 0.0
         usage = TenantUsage(1, input_tokens, output_tokens, cached, cost)

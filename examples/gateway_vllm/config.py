@@ -113,11 +113,15 @@ def demo_config(
     model_dir: str,
     api_key: str = DEMO_API_KEY,
     embed_backends: Sequence[str] = (),
+    think_backends: Sequence[str] = (),
+    think_model_dir: str | None = None,
     **overrides: Any,
 ) -> GatewayConfig:
     """The demo: two served models, ``tiny`` and ``tiny-chat`` (vLLM serves both names), each
     its own pool with its own admission limit; with ``embed_backends``, ``tiny-embed`` too
-    (the same model served by a vLLM pooling server)."""
+    (the same model served by a vLLM pooling server); with ``think_backends``,
+    ``tiny-think`` (the tiny model's reasoning variant, ``think_model_dir``, served by vLLM
+    with a reasoning parser)."""
     pool = {"backends": tuple(backends), "tokenizer": model_dir}
     models: dict[str, Any] = {"tiny": pool, "tiny-chat": {**pool, "max_inflight": 8}}
     if embed_backends:
@@ -125,6 +129,11 @@ def demo_config(
             "backends": tuple(embed_backends),
             "tokenizer": model_dir,
             "task": "embed",
+        }
+    if think_backends:
+        models["tiny-think"] = {
+            "backends": tuple(think_backends),
+            "tokenizer": think_model_dir or model_dir,
         }
     return GatewayConfig.model_validate(
         {

@@ -104,6 +104,12 @@ def add_parser(subparsers: Any) -> None:
         help="gateway worker processes (default 1); with more, their metrics are added up "
         "through a Prometheus multiprocess directory the demo sets up",
     )
+    parser.add_argument(
+        "--no-reasoning",
+        action="store_true",
+        help="do not start the reasoning model (tiny-think: the tiny model's reasoning "
+        "variant behind vLLM's step3 reasoning parser) beside the others",
+    )
     parser.add_argument("--no-traffic", action="store_true", help="skip the traffic run")
     parser.add_argument("--requests", type=int, default=48, help="requests in the traffic run")
     parser.add_argument(
@@ -184,12 +190,18 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
                 max_model_len=512,
             )
         )
+    thinkers = _thinkers(args, logs, args.vllm_port + args.backends + len(embedders))
     overrides = {} if args.metrics_port is None else {"metrics_port": args.metrics_port}
     config = (
         GatewayConfig.load(args.config).model_copy(update=overrides)
         if args.config is not None
         else demo_config(
-            backends, model, embed_backends=[e.base_url for e in embedders], **overrides
+            backends,
+            model,
+            embed_backends=[e.base_url for e in embedders],
+            think_backends=[t.base_url for t in thinkers],
+            think_model_dir=thinkers[0].model if thinkers else None,
+            **overrides,
         )
     )
     api_key = next(iter(config.api_keys)) if args.config is not None else DEMO_API_KEY
@@ -197,12 +209,14 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     _say(
         f"starting {len(servers)} vLLM backend(s) on {', '.join(backends)}"
         + (f" and an embedding server on {embedders[0].base_url}" if embedders else "")
+        + (f" and a reasoning model on {thinkers[0].base_url}" if thinkers else "")
         + f" (about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
     )
+    everything = [*servers, *embedders, *thinkers]
     # running() stops every server in its finally, however we leave (signal included).
     with (
-        running([*servers, *embedders], timeout=900, progress=_progress("waiting for vLLM")),
-        Supervisor([*servers, *embedders], say=_say),  # a dead backend is restarted
+        running(everything, timeout=900, progress=_progress("waiting for vLLM")),
+        Supervisor(everything, say=_say),  # a dead backend is restarted
     ):
         print()
         traces = _start_traces(args)
@@ -215,6 +229,37 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         finally:
             traces.stop()
     return 0
+
+
+def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
+    """The reasoning model's server (``tiny-think``), when the demo serves its own tiny
+    model and ``--no-reasoning`` was not given: the tiny model's reasoning variant behind
+    vLLM's ``step3`` reasoning parser. It thinks for the request's
+    ``thinking_token_budget`` tokens (vLLM then ends the thinking), then answers."""
+    if args.model is not None or args.no_reasoning or args.config is not None:
+        return []
+    from stagelens.reference.tinymodel import (
+        REASONING_CONFIG,
+        REASONING_PARSER,
+        ensure_tiny_model,
+    )
+    from stagelens.reference.vllm_server import VllmServer
+
+    model = str(ensure_tiny_model("tiny-think", reasoning=True))
+    return [
+        VllmServer(
+            model=model,
+            port=port,
+            served_model_names=("tiny-think",),
+            log_path=logs / f"vllm-{port}-think.log",
+            extra_args=(
+                "--reasoning-parser",
+                REASONING_PARSER,
+                "--reasoning-config",
+                REASONING_CONFIG,
+            ),
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -287,14 +332,24 @@ def _show(
     slowest: str | None = None
     if not args.no_traffic:
         _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
-        asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders)))
+        thinking = "tiny-think" in _served_models(served, api_key)
+        asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders), thinking))
         from stagelens.views.report import fetch, render_table
 
+        # The spans first: with every request's spans received the table's percentiles are
+        # the exact ones of those requests, not bucket estimates.
+        traces.wait_for(served.telemetry, args.requests)
         print()
-        print(render_table(fetch(metrics)))
+        print(render_table(fetch(metrics), traces.spans()))
         print()
-        slowest = traces.print_slowest(served.telemetry, args.requests)
+        kept, line = sampler_summary(metrics)
+        slowest = traces.print_slowest(served.telemetry, args.requests if kept is None else kept)
+        if line is not None:
+            _say(line)
         print()
+        if thinking:
+            traces.print_thinking()
+            print()
     _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
     _print_prometheus(_log_dir() / "prometheus.yml", metrics, backends, args.workers)
     _print_trace_urls(traces, slowest, metrics)
@@ -302,6 +357,44 @@ def _show(
         _say("stack is up; Ctrl-C stops everything")
         while not stopping.is_set():
             stopping.wait(0.5)
+
+
+def sampler_summary(metrics_url: str) -> tuple[int | None, str | None]:
+    """What the tail sampler (``OTEL_TRACES_SAMPLER=stagelens_tail``) kept, read from the
+    gateway's ``/metrics``: (traces kept, one line saying how many of how many and why), or
+    (None, None) under another sampler (no decisions counted)."""
+    import httpx
+
+    from stagelens import semconv as sc
+
+    kept: dict[str, float] = {}
+    dropped = 0.0
+    try:
+        text = httpx.get(metrics_url, timeout=10).text
+    except httpx.HTTPError:
+        return None, None
+    for line in text.splitlines():
+        if not line.startswith(sc.TRACE_DECISIONS + "{"):
+            continue
+        labels = dict(
+            pair.split("=", 1) for pair in line.split("{", 1)[1].split("}", 1)[0].split(",")
+        )
+        value = float(line.rsplit(" ", 1)[1])
+        reason = labels.get(sc.LABEL_REASON, "").strip('"')
+        if labels.get(sc.LABEL_DECISION, "").strip('"') == sc.DECISION_KEPT:
+            kept[reason] = kept.get(reason, 0.0) + value
+        else:
+            dropped += value
+    if not kept and not dropped:
+        return None, None
+    total = int(sum(kept.values()))
+    why = ", ".join(f"{reason} {int(n)}" for reason, n in sorted(kept.items()) if n)
+    line = (
+        f"the tail sampler ({sc.TRACES_SAMPLER_TAIL}) kept {total} of {total + int(dropped)} "
+        f"traces ({why or 'none'}); the other {int(dropped)} were dropped unbuilt, and the "
+        "metrics above count every request"
+    )
+    return total, line
 
 
 def _start_traces(args: argparse.Namespace) -> Any:
@@ -345,7 +438,22 @@ def _quiet_server_class() -> Any:
     return QuietServer
 
 
-async def _traffic(gateway: str, api_key: str, n: int, embeddings: bool) -> None:
+def _served_models(served: _Served, api_key: str) -> set[str]:
+    """The model names the gateway serves (its ``/v1/models``; none when unreadable)."""
+    import httpx
+
+    try:
+        answer = httpx.get(
+            f"{served.url}/v1/models", headers={"authorization": f"Bearer {api_key}"}, timeout=10
+        )
+        return {str(m.get("id")) for m in answer.json().get("data", [])}
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return set()
+
+
+async def _traffic(
+    gateway: str, api_key: str, n: int, embeddings: bool, thinking: bool = False
+) -> None:
     import httpx
 
     rng = random.Random(0)
@@ -365,6 +473,9 @@ async def _traffic(gateway: str, api_key: str, n: int, embeddings: bool) -> None
             "max_tokens": rng.choice((16, 32, 64)),
             "stream": i % 2 == 0,
         }
+        if thinking and i % 6 == 4:  # a reasoning model: it thinks, then answers (streamed)
+            body |= {"model": "tiny-think", "stream": True}
+            body["thinking_token_budget"] = rng.choice((8, 16, 24))
         if embeddings and i % 8 == 7:
             await client.post("/v1/embeddings", json={"model": "tiny-embed", "input": content})
         elif body["stream"]:

@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from stagelens.exporters.otlp import span_exporters_from_env
 from stagelens.reference.trace_receiver import TraceReceiver
 
+from stagelens import semconv as sc
 from stagelens.telemetry import Telemetry
 from stagelens.views.traces import DEFAULT_TRACE_SOURCE, SpanRecord
 from stagelens.views.waterfall import build, format_ms, render_text
@@ -126,14 +127,38 @@ class DemoTraces:
                 return
             time.sleep(0.05)
 
-    def slowest(self) -> list[SpanRecord]:
-        """The spans of the slowest complete trace received (its root arrived)."""
+    def spans(self) -> list[SpanRecord]:
+        """Every span received: the stage table's exact percentiles come from them."""
+        store = self.receiver.store
+        return [
+            span
+            for summary in store.summaries("recent", limit=len(store))
+            for span in store.get(summary.trace_id)
+        ]
+
+    def slowest(self, *, thinking: bool = False) -> list[SpanRecord]:
+        """The spans of the slowest complete trace received (its root arrived); with
+        ``thinking``, of the slowest whose model reasoned (its root's time to first answer
+        token later than its time to first token)."""
         store = self.receiver.store
         for summary in store.summaries("slowest", limit=len(store)):
             spans = store.get(summary.trace_id)
-            if any(not s.parent_span_id for s in spans):
+            roots = [s for s in spans if not s.parent_span_id]
+            if roots and (not thinking or _thought(roots[0])):
                 return spans
         return []
+
+    def print_thinking(self, out: Callable[[str], None] = print) -> None:
+        """The slowest request to a model that reasoned, thinking and answer apart (after
+        ``print_slowest``, which waited for the traces); nothing when there is none."""
+        spans = self.slowest(thinking=True)
+        if spans:
+            waterfall = build(spans)
+            out(
+                f"==> the slowest request that reasoned, {format_ms(waterfall.total_ns)} ms "
+                "(thinking: first token to first answer token):"
+            )
+            out(render_text(waterfall))
 
     def print_slowest(
         self, telemetry: Telemetry | None, requests: int, out: Callable[[str], None] = print
@@ -176,3 +201,10 @@ class DemoTraces:
             f"              Phoenix  http://{host}:6006 > project default > Traces",
         ]
         return lines
+
+
+def _thought(root: SpanRecord) -> bool:
+    """The request's model reasoned: its first answer token came after its first token."""
+    ttft = root.attributes.get(sc.ATTR_TTFT)
+    ttfat = root.attributes.get(sc.ATTR_TTFAT)
+    return isinstance(ttft, float) and isinstance(ttfat, float) and ttfat > ttft

@@ -101,6 +101,7 @@ async def finish_json(
         int(usage.get("prompt_tokens", prompt_tokens)),
         int(usage.get("completion_tokens", 0)),
         int(details.get("cached_tokens") or 0),
+        _reasoning_tokens(usage),
     )
     return JSONResponse(payload)
 
@@ -361,6 +362,7 @@ async def _bill_stream(
             int(usage.get("prompt_tokens", prompt_tokens)),
             int(usage.get("completion_tokens", 0)),
             int(details.get("cached_tokens") or 0),
+            _reasoning_tokens(usage),
         )
         return
     counted = state.counted
@@ -372,3 +374,11 @@ async def _bill_stream(
         output = counter.count_generated(generated) if counter and generated else 0
     prompt = counted.prompt if counted.prompt is not None else prompt_tokens
     await gateway.bill(tenant, prompt, output, 0)
+
+
+def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
+    """vLLM's reasoning tokens (``completion_tokens_details``, written when it runs with a
+    reasoning parser), or None: then stagelens' own count of the reasoning events is used."""
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return int(reasoning) if isinstance(reasoning, int) else None

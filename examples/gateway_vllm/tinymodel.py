@@ -26,6 +26,19 @@ MODEL_VERSION: Final = 2
 """Bump when the generated files change, so stale caches are rebuilt (2: the chat template
 renders tools and tool calls)."""
 
+REASONING_PARSER: Final = "step3"
+"""vLLM's ``--reasoning-parser`` for the reasoning variant (``ensure_tiny_model(reasoning=
+True)``, served as ``tiny-think``): everything the model writes before ``</think>`` is
+reasoning, the rest is the answer, and ``usage.completion_tokens_details.reasoning_tokens``
+counts the tokens before ``</think>``."""
+REASONING_CONFIG: Final = '{"reasoning_parser": "step3"}'
+"""vLLM's ``--reasoning-config`` for the variant: it turns on the per-request
+``thinking_token_budget``, after which vLLM forces ``</think>``. A random-weight model never
+writes ``</think>`` on its own, so the budget is what ends its thinking: a request with
+``thinking_token_budget=k`` streams ``k`` reasoning tokens, then the answer."""
+THINKING_STEPS_KEY: Final = "thinking_token_budget"
+"""The request field (``extra_body`` with the OpenAI SDK) that sets how long it thinks."""
+
 TOOL_CALL_PARSER: Final = "hermes"
 """vLLM's ``--tool-call-parser`` that reads what the chat template asks the model to write
 (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the Hermes format)."""
@@ -50,6 +63,11 @@ _CHAT_TEMPLATE: Final = (
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
+_THINK_TEMPLATE: Final = _CHAT_TEMPLATE.replace(
+    "<|assistant|>\n{% endif %}", "<|assistant|>\n<think>{% endif %}"
+)
+"""The reasoning variant's template: the generation prompt opens the thinking (as
+DeepSeek-R1's and Qwen3's do), so what the model writes first is reasoning."""
 """The tiny model's chat template: the tools it is offered (Hermes format, so vLLM's
 ``hermes`` parser reads its calls), then one ``<|role|>`` block per message, content as a
 string (vLLM's ``string`` content format: a list of text parts arrives joined by newlines)."""
@@ -154,8 +172,17 @@ def ensure_tiny_model(
     seed: int = 0,
     cache_dir: Path | None = None,
     max_position_embeddings: int = 2048,
+    *,
+    reasoning: bool = False,
 ) -> Path:
     """Build the tiny model into the cache unless it is already there; return its directory.
+
+    ``reasoning``: the reasoning variant (call it ``tiny-think``): its tokenizer has the
+    added tokens ``<think>`` and ``</think>`` and its chat template opens the thinking,
+    so that vLLM started with ``--reasoning-parser step3 --reasoning-config
+    '{"reasoning_parser": "step3"}'`` streams ``reasoning`` deltas, then, after the
+    request's ``thinking_token_budget`` tokens, ``content`` deltas (see
+    ``REASONING_CONFIG``). The plain model is left exactly as it was.
 
     The build takes a few seconds; a marker file written last makes a half-written
     directory (interrupted build) count as missing.
@@ -191,7 +218,11 @@ def ensure_tiny_model(
         pad_token="</s>",
         model_max_length=max_position_embeddings,
     )
-    tokenizer.chat_template = _CHAT_TEMPLATE
+    if reasoning:
+        # Added tokens, not special ones (as DeepSeek-R1's and Qwen3's are): vLLM leaves
+        # special tokens out of the text, and the parser finds the end of thinking there.
+        tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = _THINK_TEMPLATE if reasoning else _CHAT_TEMPLATE
     tokenizer.save_pretrained(out)
 
     torch.manual_seed(seed)

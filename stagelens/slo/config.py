@@ -15,6 +15,7 @@ draw the same line.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Final
@@ -38,7 +39,13 @@ _UNIT_SECONDS: Final[dict[str, float]] = {
     "w": 604800,
 }
 
-SLIS: Final[tuple[str, ...]] = (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT)
+SLIS: Final[tuple[str, ...]] = (
+    sc.SLI_AVAILABILITY,
+    sc.SLI_TTFT,
+    sc.SLI_ITL,
+    sc.SLI_GOODPUT,
+    sc.SLI_ANSWER,
+)
 """The SLIs the gateway records, in the order the rules and dashboards list them."""
 
 DEFAULT_ITL_THRESHOLD_SECONDS: Final = 0.1
@@ -68,6 +75,44 @@ def gateway_thresholds(settings: Settings | None = None) -> tuple[float, float]:
     settings = settings if settings is not None else load_settings()
     itl = getattr(settings, "itl_slo_threshold_seconds", DEFAULT_ITL_THRESHOLD_SECONDS)
     return float(settings.ttft_slo_threshold_seconds), float(itl)
+
+
+def gateway_answer_threshold(settings: Settings | None = None) -> float:
+    """The time-to-first-answer-token threshold (seconds) the gateway judges the
+    ``answer`` SLI by: ``settings``, or the ``STAGELENS_*`` environment."""
+    settings = settings if settings is not None else load_settings()
+    return float(settings.answer_slo_threshold_seconds)
+
+
+DEFAULT_PROMPT_SIZE_BOUNDS: Final[tuple[int, ...]] = (1024, 8192, 32768)
+"""The gateway's default ``prompt_size_bounds`` (input tokens), used while the setting is absent."""
+DEFAULT_TTFT_CLASS_THRESHOLDS: Final[dict[str, float]] = {"8192": 1.0, "32768": 2.5, "+Inf": 5.0}
+"""The gateway's default ``ttft_slo_thresholds_seconds``, used while the setting is absent."""
+PROMPT_SIZE_ABOVE: Final = "+Inf"
+"""``prompt_size`` of a prompt longer than the last bound."""
+PROMPT_SIZE_UNKNOWN: Final = "unknown"
+"""``prompt_size`` of a request whose input tokens are not known."""
+
+
+def gateway_prompt_size_classes(settings: Settings | None = None) -> tuple[tuple[str, float], ...]:
+    """(``prompt_size`` value, TTFT threshold) the gateway judges each class by, in bound
+    order, ``+Inf`` and ``unknown`` last.
+
+    Why here too: ``stagelens.config.prompt_size_classes`` is the one place both the gateway
+    and the rules read the classes from; while a gateway release without it is installed,
+    the same rule is applied to the settings' defaults (a class without a threshold of its
+    own uses ``ttft_slo_threshold_seconds``)."""
+    from stagelens import config
+
+    settings = settings if settings is not None else load_settings()
+    helper = getattr(config, "prompt_size_classes", None)
+    if helper is not None:
+        return tuple((str(c), float(t)) for c, t in helper(settings))
+    default = float(settings.ttft_slo_threshold_seconds)
+    bounds = getattr(settings, "prompt_size_bounds", DEFAULT_PROMPT_SIZE_BOUNDS)
+    by_class = getattr(settings, "ttft_slo_thresholds_seconds", DEFAULT_TTFT_CLASS_THRESHOLDS)
+    names = (*(str(b) for b in bounds), PROMPT_SIZE_ABOVE, PROMPT_SIZE_UNKNOWN)
+    return tuple((name, float(by_class.get(name, default))) for name in names)
 
 
 class BurnWindow(BaseModel):
@@ -108,11 +153,24 @@ DEFAULT_BURN_WINDOWS: Final[tuple[BurnWindow, ...]] = (
 """The contract's four burn-rate pairs. The pairs of one severity make one alert (as Sloth
 does); its ``for`` is the shortest of theirs."""
 
+GOODPUT_BURN_WINDOWS: Final[tuple[BurnWindow, ...]] = (
+    BurnWindow(long="1h", short="5m", factor=7.2, severity="page", **{"for": "2m"}),
+    BurnWindow(long="6h", short="30m", factor=3, severity="page", **{"for": "15m"}),
+    BurnWindow(long="1d", short="2h", factor=1.5, severity="ticket", **{"for": "1h"}),
+    BurnWindow(long="3d", short="6h", factor=1, severity="ticket", **{"for": "3h"}),
+)
+"""Goodput's pairs: the contract's windows at factors that page on the same shares of bad
+requests as TTFT and ITL (72 % over 1h, 30 % over 6h; tickets 15 % and 10 %). Goodput's
+budget is 10 % (a request is bad when it misses either objective, so its objective sits
+below theirs), and 14.4 x 10 % = 144 % bad can never happen: the contract's factors would
+leave goodput without a fast page."""
+
 DEFAULT_OBJECTIVES: Final[dict[str, float]] = {
     sc.SLI_AVAILABILITY: 0.995,
     sc.SLI_TTFT: 0.95,
     sc.SLI_ITL: 0.95,
     sc.SLI_GOODPUT: 0.90,
+    sc.SLI_ANSWER: 0.95,
 }
 """Share of requests that must be good over the period, per SLI (TTFT: the contract's 95 %)."""
 
@@ -150,14 +208,38 @@ class SloConfig(BaseModel):
     itl_threshold_seconds: float = Field(default_factory=lambda: gateway_thresholds()[1])
     """A streamed request meets the ITL SLO when its mean inter-token latency is <= this.
     Always the gateway's ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``; an ITL bucket boundary."""
+    answer_threshold_seconds: float = Field(default_factory=gateway_answer_threshold)
+    """A streamed request meets the ``answer`` SLO when its first answer token (not
+    reasoning) came within this. Always the gateway's
+    ``STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS`` (default 10 s, generous: a reasoning model's
+    thinking is its product); must be a TTFT bucket boundary."""
     objectives: dict[str, float] = Field(default_factory=lambda: dict(DEFAULT_OBJECTIVES))
-    """SLI -> objective; every SLI of ``SLIS`` gets a burn-rate alert."""
+    """SLI -> objective; every SLI of ``SLIS`` gets a burn-rate alert. ``answer`` may be
+    left out (configs written before it existed): it then gets its default objective."""
     period: str = "30d"
     """SLO period (error-budget window)."""
     burn_windows: tuple[BurnWindow, ...] = DEFAULT_BURN_WINDOWS
+    burn_windows_by_sli: dict[str, tuple[BurnWindow, ...]] = Field(
+        default_factory=lambda: {sc.SLI_GOODPUT: GOODPUT_BURN_WINDOWS}
+    )
+    """SLI -> burn-rate pairs of its own, in place of ``burn_windows`` (goodput's default:
+    ``GOODPUT_BURN_WINDOWS``). Every pair of every SLI must be reachable: factor x (1 -
+    objective) < 1, else the config is refused."""
     min_requests: int = Field(default=30, ge=1)
     """A burn-rate pair (and the p95 ticket) needs at least this many requests in its long
     window: a model with three requests an hour, all slow, does not page anyone."""
+    min_bad_events: int = Field(default=5, ge=1)
+    """...and at least this many bad requests in its long window. A share alone is noise at
+    low traffic: 3 failures of 30 requests an hour are 10 %, 20x a 0.5 % budget, and page
+    nobody. Scaled to the budget, this is a request floor: at a pair's threshold (factor x
+    budget bad) it takes ``min_bad_events / (factor x budget)`` requests, 70 an hour for the
+    availability page (5 / 7.2 %), 7 for TTFT (5 / 72 %, so ``min_requests`` decides)."""
+    ttft_thresholds_by_prompt_size: dict[str, float] = Field(
+        default_factory=lambda: dict(gateway_prompt_size_classes())
+    )
+    """``prompt_size`` class -> TTFT threshold. Always the gateway's classes and
+    ``STAGELENS_TTFT_SLO_THRESHOLDS_SECONDS`` (``stagelens.config.prompt_size_classes``):
+    the gateway judges each request by its class's threshold; each is a TTFT bucket edge."""
     aggregation_labels: tuple[str, ...] = ("cluster", "namespace")
     """Labels every rule keeps, so that staging and production never merge into one SLI."""
     alert_labels: dict[str, str] = Field(default_factory=dict)
@@ -197,7 +279,31 @@ class SloConfig(BaseModel):
     engine_saturation_for: str = "10m"
     backend_job_regex: str = ".*vllm.*"
     """Prometheus ``job`` of the vLLM backends (ServiceMonitor: the Service's name)."""
+    gpu_exporter_job_regex: str = ".*gpu.*"
+    """Prometheus ``job`` of stagelens' GPU exporter (``stagelens-gpu-exporter``)."""
+    dcgm_job_regex: str = ".*dcgm.*"
+    """Prometheus ``job`` of NVIDIA's DCGM exporter."""
     backend_down_for: str = "5m"
+    target_down_for: str = "5m"
+    """StagelensTargetDown: one gateway, GPU-exporter or DCGM target failing its scrapes."""
+    target_vanished_window: str = "1h"
+    """StagelensTargetVanished: a target scraped within this window that has no ``up``
+    series now (removed from service discovery, its pod gone) opens a ticket."""
+    target_vanished_for: str = "5m"
+    traffic_window: str = "15m"
+    """StagelensTrafficStopped: a model that served no request over this window..."""
+    traffic_baseline_window: str = "1h"
+    """...while it served at least ``min_requests`` in this window one day earlier (the same
+    hour yesterday: a model idle every night does not alert every night)..."""
+    traffic_stopped_for: str = "30m"
+    """...for this long (with the window: paged 45 minutes after the last request)."""
+    sli_counters_absent_for: str = "10m"
+    """StagelensSLICountersAbsent: requests counted, no SLI counter, for this long."""
+    gpu_vanished_hold: str = "1h"
+    """StagelensGPUSaturated keeps firing this long for a GPU whose last reading was
+    saturated and whose gauge then vanished (exporter or DCGM target gone)."""
+    grafana_url: str = "http://localhost:3000"
+    """Grafana's base URL: every alert's ``dashboard_url`` is ``<this>/d/<uid>``."""
     no_backend_for: str = "2m"
     gateway_job_regex: str = ".*gateway.*"
     """Prometheus ``job`` of the instrumented gateway."""
@@ -229,6 +335,14 @@ class SloConfig(BaseModel):
         "gpu_saturation_for",
         "engine_saturation_for",
         "backend_down_for",
+        "target_down_for",
+        "target_vanished_window",
+        "target_vanished_for",
+        "traffic_window",
+        "traffic_baseline_window",
+        "traffic_stopped_for",
+        "sli_counters_absent_for",
+        "gpu_vanished_hold",
         "no_backend_for",
         "gateway_absent_for",
         "self_monitoring_for",
@@ -239,7 +353,7 @@ class SloConfig(BaseModel):
     def _durations(cls, value: str) -> str:
         return _check_duration(value)
 
-    @field_validator("ttft_threshold_seconds")
+    @field_validator("ttft_threshold_seconds", "answer_threshold_seconds")
     @classmethod
     def _ttft_is_boundary(cls, value: float) -> float:
         if value not in TTFT_BUCKETS:
@@ -259,9 +373,35 @@ class SloConfig(BaseModel):
             )
         return value
 
+    @field_validator("ttft_thresholds_by_prompt_size")
+    @classmethod
+    def _class_thresholds_are_boundaries(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if v not in TTFT_BUCKETS}
+        if bad:
+            raise ValueError(
+                f"ttft_thresholds_by_prompt_size {bad} are not TTFT bucket boundaries; "
+                f"choose from {list(TTFT_BUCKETS)}"
+            )
+        return value
+
+    @field_validator("burn_windows_by_sli")
+    @classmethod
+    def _known_slis(
+        cls, value: dict[str, tuple[BurnWindow, ...]]
+    ) -> dict[str, tuple[BurnWindow, ...]]:
+        unknown = sorted(set(value) - set(SLIS))
+        if unknown:
+            raise ValueError(f"burn_windows_by_sli names unknown SLIs {unknown}; use {list(SLIS)}")
+        empty = sorted(k for k, v in value.items() if not v)
+        if empty:
+            raise ValueError(f"burn_windows_by_sli gives no pairs for {empty}")
+        return value
+
     @field_validator("objectives")
     @classmethod
     def _every_sli(cls, value: dict[str, float]) -> dict[str, float]:
+        if sc.SLI_ANSWER not in value:
+            value = {**value, sc.SLI_ANSWER: DEFAULT_OBJECTIVES[sc.SLI_ANSWER]}
         if set(value) != set(SLIS):
             raise ValueError(f"objectives must name exactly {list(SLIS)}, got {sorted(value)}")
         bad = {k: v for k, v in value.items() if not 0 < v < 1}
@@ -285,6 +425,36 @@ class SloConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def _every_burn_can_fire(self) -> SloConfig:
+        """Refuse a pair whose threshold no traffic can reach: more than 100 % bad."""
+        for sli in SLIS:
+            budget = self.error_budget(sli)
+            for w in self.windows_for(sli):
+                if w.factor * budget >= 1 - 1e-9:  # 10 x (1 - 0.9) is 0.9999999999999998
+                    raise ValueError(
+                        f"the {sli} SLO (objective {self.objectives[sli]:g}) can never fire "
+                        f"its {w.severity} pair {w.long}/{w.short}: burn factor {w.factor:g} x "
+                        f"error budget {budget:.4g} = {w.factor * budget:.4g} of requests bad, "
+                        "and at most all of them (1.0) can be; lower the factor below "
+                        f"{1 / budget:.4g} (burn_windows_by_sli) or the objective"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _same_classes_as_the_gateway(self) -> SloConfig:
+        theirs = dict(gateway_prompt_size_classes())
+        if self.ttft_thresholds_by_prompt_size != theirs:
+            raise ValueError(
+                f"ttft_thresholds_by_prompt_size={self.ttft_thresholds_by_prompt_size} "
+                f"disagrees with the gateway's prompt-size classes {theirs} "
+                "(STAGELENS_PROMPT_SIZE_BOUNDS, STAGELENS_TTFT_SLO_THRESHOLDS_SECONDS): the "
+                "gateway judges each request by its class's threshold; set them where the "
+                "gateway runs and where the rules are rendered, and leave them out of the SLO "
+                "config"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _same_thresholds_as_the_gateway(self) -> SloConfig:
         ttft, itl = gateway_thresholds()
         for name, mine, env, theirs in (
@@ -299,23 +469,48 @@ class SloConfig(BaseModel):
                     f"STAGELENS_{env}_SLO_THRESHOLD_SECONDS={mine} where the gateway runs "
                     "and where the rules are rendered, and leave it out of the SLO config"
                 )
+        answer = gateway_answer_threshold()
+        if self.answer_threshold_seconds != answer:
+            raise ValueError(
+                f"answer_threshold_seconds={self.answer_threshold_seconds} disagrees with the "
+                f"gateway's STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS={answer}: they are one "
+                "threshold; set the variable where the gateway runs and where the rules are "
+                "rendered, and leave it out of the SLO config"
+            )
         return self
 
     def error_budget(self, sli: str) -> float:
         """Allowed fraction of bad requests of ``sli`` (1 - objective)."""
         return 1.0 - self.objectives[sli]
 
-    def windows_of(self, severity: str) -> tuple[BurnWindow, ...]:
-        """The burn-rate pairs of one severity, in config order."""
-        return tuple(w for w in self.burn_windows if w.severity == severity)
+    def windows_for(self, sli: str) -> tuple[BurnWindow, ...]:
+        """The burn-rate pairs of ``sli``: its own, else ``burn_windows``."""
+        return self.burn_windows_by_sli.get(sli, self.burn_windows)
+
+    def windows_of(self, severity: str, sli: str | None = None) -> tuple[BurnWindow, ...]:
+        """The burn-rate pairs of one severity (of ``sli``, else the default pairs), in
+        config order."""
+        windows = self.burn_windows if sli is None else self.windows_for(sli)
+        return tuple(w for w in windows if w.severity == severity)
 
     def burn_windows_used(self) -> list[str]:
         """Every distinct window of the burn-rate pairs, short ones first per pair."""
         seen: dict[str, None] = {}
-        for window in self.burn_windows:
+        pairs = [*self.burn_windows, *(w for ws in self.burn_windows_by_sli.values() for w in ws)]
+        for window in pairs:
             seen.setdefault(window.short, None)
             seen.setdefault(window.long, None)
         return list(seen)
+
+    def request_floor(self, sli: str, window: BurnWindow) -> int:
+        """Requests a pair's long window needs before it may fire: ``min_requests``, or the
+        requests in which ``min_bad_events`` are the pair's threshold share, the larger."""
+        share = window.factor * self.error_budget(sli)
+        return max(self.min_requests, math.ceil(self.min_bad_events / share - 1e-9))
+
+    def ttft_classes(self) -> tuple[tuple[str, float], ...]:
+        """(``prompt_size``, TTFT threshold), in the gateway's class order."""
+        return tuple(self.ttft_thresholds_by_prompt_size.items())
 
 
 def slo_config_from_mapping(data: dict[str, Any]) -> SloConfig:

@@ -53,8 +53,25 @@ def sli_error_ratio_record(window: str) -> str:
 
 
 def ttft_p95_record(window: str) -> str:
-    """p95 TTFT per model over ``window``."""
+    """p95 TTFT per (model, prompt_size) over ``window``."""
     return f"stagelens:ttft_seconds:p95_rate{window}"
+
+
+def ttft_class_requests_record(window: str) -> str:
+    """Requests per second the TTFT SLI counted, per (model, prompt_size)."""
+    return f"stagelens:ttft_sli_requests:rate{window}"
+
+
+def ttft_class_error_ratio_record(window: str) -> str:
+    """Share of the TTFT SLI's requests that were bad, per (model, prompt_size): each prompt
+    size class burns a budget of its own, so a tenant sending 100k-token prompts cannot spend
+    the budget of everyone's short prompts."""
+    return f"stagelens:ttft_sli_errors:ratio_rate{window}"
+
+
+TTFT_THRESHOLD_RECORD: Final = "stagelens:ttft_slo_threshold_seconds:configured"
+"""The TTFT threshold per ``prompt_size`` class (and, without the label, the default one
+that series from a gateway without classes are judged by)."""
 
 
 def cost_rate_record(window: str) -> str:
@@ -146,6 +163,23 @@ def _sli_records(cfg: SloConfig) -> list[Rule]:
                 "expr": f"({errors} or 0 * {requests}) / {requests}",
             }
         )
+    class_grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE)
+    ttft = f'{{{sc.LABEL_SLI}="{sc.SLI_TTFT}"}}'
+    for window in cfg.burn_windows_used():
+        requests = ttft_class_requests_record(window)
+        errors = f"sum by ({class_grouping}) (rate({sc.SLI_ERRORS}{ttft}[{window}]))"
+        rules.append(
+            {
+                "record": requests,
+                "expr": f"sum by ({class_grouping}) (rate({sc.SLI_REQUESTS}{ttft}[{window}]))",
+            }
+        )
+        rules.append(
+            {
+                "record": ttft_class_error_ratio_record(window),
+                "expr": f"({errors} or 0 * {requests}) / {requests}",
+            }
+        )
     if "5m" in cfg.burn_windows_used():
         rules.append(
             {
@@ -201,9 +235,22 @@ def _latency_records(cfg: SloConfig) -> list[Rule]:
     )
     rules: list[Rule] = [
         {
+            "record": TTFT_THRESHOLD_RECORD,
+            "expr": f"vector({cfg.ttft_threshold_seconds!r})",
+        },
+        *(
+            {
+                "record": TTFT_THRESHOLD_RECORD,
+                "expr": f"vector({seconds!r})",
+                "labels": {sc.LABEL_PROMPT_SIZE: size},
+            }
+            for size, seconds in cfg.ttft_classes()
+        ),
+        {
             "record": ttft_p95_record(window),
             "expr": (
-                f"histogram_quantile(0.95, sum by ({by(cfg, sc.LABEL_MODEL, 'le')}) "
+                "histogram_quantile(0.95, sum by "
+                f"({by(cfg, sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE, 'le')}) "
                 f"(rate({sc.TIME_TO_FIRST_TOKEN}_bucket[{window}])))"
             ),
         },

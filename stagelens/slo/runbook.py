@@ -66,25 +66,37 @@ _SLI_PANEL: Final[dict[str, str]] = {
     sc.SLI_TTFT: "TTFT",
     sc.SLI_ITL: "Inter-token latency",
     sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
 }
 
 
 def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
     objective = cfg.objectives[sli]
     budget = cfg.error_budget(sli)
+    windows = cfg.windows_for(sli)
     pairs = "; ".join(
-        f"`{w.severity}`: {w.factor:g}x over {w.long} and {w.short}" for w in cfg.burn_windows
+        f"`{w.severity}`: {w.factor:g}x over {w.long} and {w.short} ({w.factor * budget:.3g} "
+        f"of requests bad; at least {cfg.request_floor(sli, w)} requests in the {w.long})"
+        for w in windows
     )
     selector = f'{{{sc.LABEL_SLI}="{sli}", model="MODEL"}}'
     ttft = cfg.ttft_threshold_seconds
+    classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
     bad = {
-        sc.SLI_AVAILABILITY: "answered 5xx (503 and 504 included), or broke after its 200 "
-        "headers (upstream died, error event); 4xx answers are the client's and count as good",
-        sc.SLI_TTFT: f"asked for a stream and got no first token within {ttft:g}s, failures "
-        "included (a failed request has no first token)",
-        sc.SLI_ITL: f"streamed two or more tokens with a mean gap above "
-        f"{cfg.itl_threshold_seconds:g}s, or broke after its first token",
-        sc.SLI_GOODPUT: "streamed and missed the TTFT or the inter-token-latency objective",
+        sc.SLI_AVAILABILITY: "answered 5xx (503 and 504 included), broke after its 200 "
+        "headers (upstream died, error event), or whose client gave up (499) after the server "
+        "had taken too long; 4xx answers are the client's and count as good",
+        sc.SLI_TTFT: "asked for a stream and got no first token within the threshold of its "
+        f"prompt-size class (`prompt_size` {classes}), failures included (a failed request has "
+        "no first token). Each class burns its own budget: one tenant's long prompts cannot "
+        "spend everyone's",
+        sc.SLI_ITL: "streamed two or more tokens with a stall (its worst gap between two "
+        "tokens above the gateway's stall threshold), or broke after its first token",
+        sc.SLI_GOODPUT: "streamed and missed the TTFT or the inter-token objective, or was cut "
+        "after exactly one token",
+        sc.SLI_ANSWER: f"asked for a stream and got no answer token (past the model's "
+        f"reasoning) within {cfg.answer_threshold_seconds:g}s, failures and streams cut "
+        "while the model was still thinking included",
     }[sli]
     trace = {
         sc.SLI_AVAILABILITY: f"{{ {SERVICE} && span.http.response.status_code >= 500 }}",
@@ -92,6 +104,8 @@ def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
         sc.SLI_ITL: '{ span.stagelens.stage = "inference" && span.gen_ai.request.stream = true '
         "&& duration > 5s }",
         sc.SLI_GOODPUT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+        sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > "
+        f"{cfg.answer_threshold_seconds:g} }}",
     }[sli]
     title = _SLI_PANEL[sli]
     return Entry(
@@ -99,8 +113,12 @@ def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
         meaning=(
             f"The share of requests that {bad} is using the {cfg.period} error budget "
             f"(objective {objective:g}, budget {budget:.4g}) too fast on a long and a short "
-            f"window at once: {pairs}. One alert per severity; a pair needs at least "
-            f"{cfg.min_requests} requests in its long window, so a quiet model cannot page."
+            f"window at once: {pairs}. One alert per severity. A pair needs at least "
+            f"{cfg.min_requests} requests and {cfg.min_bad_events} bad ones in its long window "
+            "(a few failures at low traffic are noise, not a burn). A pair whose short window "
+            "holds no request at all is judged by its long window alone: a page does not "
+            "resolve because traffic stopped; it holds until the bad requests leave the long "
+            "window, and StagelensTrafficStopped says why the figures went quiet."
         ),
         impact=(
             "`page`: at this pace the month's budget is gone within days; users see it now. "
@@ -129,18 +147,20 @@ def _burn_entry(cfg: SloConfig, sli: str) -> Entry:
 def _entries(cfg: SloConfig) -> list[Entry]:
     entries = [_burn_entry(cfg, sli) for sli in ar.BURN_ALERTS]
     entries += _latency_entries(cfg) + _cost_entries(cfg) + _engine_entries(cfg)
-    entries += _target_entries(cfg) + _self_entries(cfg)
+    entries += _target_entries(cfg) + _silence_entries(cfg) + _self_entries(cfg)
     order = {name: i for i, name in enumerate(ar.ALL_ALERTS)}
     return sorted(entries, key=lambda e: order[e.alert])
 
 
 def _latency_entries(cfg: SloConfig) -> list[Entry]:
     ttft = cfg.ttft_threshold_seconds
+    classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
     return [
         Entry(
             alert=sc.ALERT_TTFT_P95_HIGH,
             meaning=(
-                f"p95 time to first token of a model stayed above {ttft:g}s for "
+                "p95 time to first token of a model, per prompt-size class, stayed above its "
+                f"class's threshold ({classes}; series without a class {ttft:g}s) for "
                 f"{cfg.ttft_p95_for} with at least {cfg.min_requests} requests per "
                 f"{cfg.ttft_p95_window}. A symptom ticket: at 5-10 % slow requests it reads "
                 "high while the error budget burns at about 1x."
@@ -156,7 +176,7 @@ def _latency_entries(cfg: SloConfig) -> list[Entry]:
                 "| by(span.server.address) | avg(duration) > 1s"
             ),
             panels=(
-                (SLOS, "p95 time to first token by model"),
+                (SLOS, "p95 time to first token by model and prompt size"),
                 (REQUEST_PATH, "TTFT distribution"),
             ),
             actions=(
@@ -294,7 +314,10 @@ def _engine_entries(cfg: SloConfig) -> list[Entry]:
                 "SM activity of a GPU (stagelens GPM, else DCGM_FI_PROF_SM_ACTIVE; never NVML "
                 f"utilisation, which only says a kernel ran) stayed above "
                 f"{cfg.gpu_saturation_threshold:g} for {cfg.gpu_saturation_for}. Keyed by UUID, "
-                "so a GPU both exporters see is one alert."
+                "so a GPU both exporters see is one alert. When its gauge vanishes (the "
+                "exporter or DCGM target gone) while its last reading was saturated, it keeps "
+                f"firing for {cfg.gpu_vanished_hold}: losing the sight of a busy GPU is no "
+                "resolution (StagelensTargetVanished and StagelensGPUCollectorDown say why)."
             ),
             impact="No headroom: more load raises latency on that GPU's engine.",
             promql=(f'{GPU_SM_ACTIVE_RECORD}{{uuid="UUID"}}',),
@@ -392,6 +415,97 @@ def _target_entries(cfg: SloConfig) -> list[Entry]:
     ]
 
 
+def _silence_entries(cfg: SloConfig) -> list[Entry]:
+    jobs = ar.monitored_jobs(cfg)
+    return [
+        Entry(
+            alert=ar.ALERT_TARGET_DOWN,
+            meaning=(
+                "Prometheus could not scrape one gateway, GPU-exporter or DCGM target (`up == 0`"
+                f") for {cfg.target_down_for}; per instance, so one of two gateway replicas down "
+                "is seen while the other serves. vLLM backends have StagelensBackendDown."
+            ),
+            impact="A gateway replica: less capacity, and its requests are missing from every "
+            "SLI. An exporter: its GPUs are blind (panels, StagelensGPUSaturated).",
+            promql=(f'up{{job=~"{jobs}"}} == 0',),
+            traceql=f"{{ {SERVICE} }} | by(resource.host.name) | count() > 0",
+            panels=((REQUEST_PATH, "Request rate by code"),),
+            actions=(
+                "Check the pod and its logs (OOM kill, crash loop, readiness); restart it.",
+                "If it serves but cannot be scraped: its /metrics port, NetworkPolicy, or the "
+                "monitor (deploy/kubernetes/monitors.yaml).",
+            ),
+        ),
+        Entry(
+            alert=ar.ALERT_TARGET_VANISHED,
+            meaning=(
+                f"A target (job=~`{jobs}`) scraped within the last {cfg.target_vanished_window} "
+                f"has had no `up` series for {cfg.target_vanished_for}: service discovery "
+                "dropped it. `up == 0` never fires for a target nobody scrapes any more. "
+                "Expected after a deliberate scale-down (it resolves once the target is "
+                f"{cfg.target_vanished_window} gone)."
+            ),
+            impact="Every alert that reads its series is silent for it: blind, not green.",
+            promql=(
+                f'max_over_time(up{{job=~"{jobs}"}}[{cfg.target_vanished_window}]) '
+                f'unless up{{job=~"{jobs}"}}',
+            ),
+            traceql=f"{{ {SERVICE} }}",
+            panels=((ENGINE_GPU, "GPU SM activity vs kernel time"),),
+            actions=(
+                "Was it scaled down or moved on purpose? Then ack. Otherwise check the pod, its "
+                "labels and the monitor's selector and namespace.",
+            ),
+        ),
+        Entry(
+            alert=ar.ALERT_TRAFFIC_STOPPED,
+            meaning=(
+                f"A model served no request over {cfg.traffic_window} for "
+                f"{cfg.traffic_stopped_for}, where it served at least {cfg.min_requests} in the "
+                f"same {cfg.traffic_baseline_window} one day earlier (so a model idle every "
+                "night does not alert every night; a model younger than a day is not judged). "
+                "With no requests every SLI is 0/0 and no burn-rate alert can fire: this is "
+                "the page for an outage in front of the gateway (ingress, DNS, auth, a client "
+                "fleet down) while every target is up."
+            ),
+            impact="Users cannot reach the model at all, or stopped sending to it.",
+            promql=(
+                f"sum by (model) (rate({sc.REQUESTS}[{cfg.traffic_window}]))",
+                f"sum by (model) (increase({sc.REQUESTS}[{cfg.traffic_baseline_window}] "
+                "offset 1d))",
+            ),
+            traceql=f"{{ {SERVICE} }}",
+            panels=((REQUEST_PATH, "Request rate by code"),),
+            actions=(
+                "Send one request through the public endpoint as a client would (ingress, DNS, "
+                "TLS, auth); compare with one sent straight to a gateway pod.",
+                "A model retired on purpose: ack; it stops alerting a day later.",
+            ),
+        ),
+        Entry(
+            alert=ar.ALERT_SLI_COUNTERS_ABSENT,
+            meaning=(
+                "A gateway instance answered requests (4xx excepted) for "
+                f"{cfg.sli_counters_absent_for} without exporting {sc.SLI_REQUESTS}: a "
+                "relabelling or metric-drop rule, or a gateway older than the SLI counters. "
+                "Every burn-rate alert reads those counters."
+            ),
+            impact="The SLO alerts are blind to that instance's traffic: an outage there "
+            "would page nobody.",
+            promql=(
+                f'sum by (job, instance) (rate({sc.REQUESTS}{{code!~"4.."}}[5m]))',
+                f"count by (job, instance) ({sc.SLI_REQUESTS})",
+            ),
+            traceql=f"{{ {SERVICE} }}",
+            panels=((SLOS, "Requests the SLIs counted (time range)"),),
+            actions=(
+                "Check metric_relabel_configs / ServiceMonitor metricRelabelings for a rule "
+                f"dropping `{sc.SLI_REQUESTS}`; check the gateway's stagelens version.",
+            ),
+        ),
+    ]
+
+
 def _self_entries(cfg: SloConfig) -> list[Entry]:
     return [
         Entry(
@@ -424,7 +538,8 @@ def _self_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_GPU_COLLECTOR_DOWN,
             meaning=(
-                f"stagelens_gpu_collector_up was 0 for {cfg.gpu_collector_down_for} on a host "
+                f"stagelens_gpu_collector_up was 0, or absent (its target down or gone), for "
+                f"{cfg.gpu_collector_down_for} on a host "
                 "where NVML answered within the last day: the GPU collector lost NVML. A host "
                 "that never had a GPU (a CPU-only gateway with nvidia-ml-py installed reports 0 "
                 "from the start) never fires; nor does one whose driver never worked."

@@ -37,7 +37,11 @@ Result = list[dict[str, Any]]
 
 
 def _substitute(expr: str, window: str, span: str) -> str:
-    expr = expr.replace("$__rate_interval", window).replace("$__range", span)
+    expr = (
+        expr.replace("$__rate_interval", window)
+        .replace("$__range", span)
+        .replace("$__interval", window)
+    )
     for name in VARIABLES:
         expr = expr.replace(f"${name}", ".*")
     return expr

@@ -15,6 +15,7 @@ import math
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
@@ -24,7 +25,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stagelens import semconv as sc
 from stagelens.errors import TraceSourceError
-from stagelens.views.report import Histogram, StageRow, parse_metrics, stage_rows
+from stagelens.views.report import (
+    Histogram,
+    ReasoningShare,
+    StageRow,
+    bound_label,
+    parse_metrics,
+    reasoning_shares,
+    stage_rows,
+    use_spans,
+)
 from stagelens.views.report_svg import STAGE_COLOURS, distribution_svg, waterfall_svg
 from stagelens.views.traces import (
     DEFAULT_TRACE_SOURCE,
@@ -71,12 +81,17 @@ class Figures:
     tokens: dict[str, dict[str, float]] = field(default_factory=dict)
     cost: dict[str, float] = field(default_factory=dict)
     requests: dict[str, float] = field(default_factory=dict)
+    ttfat: Histogram | None = None
+    """Time to first answer token (past a reasoning model's thinking)."""
+    reasoning: list[ReasoningShare] = field(default_factory=list)
+    """Per (model, tenant) that reasoned: output and reasoning tokens."""
 
 
-def read_figures(text: str) -> Figures:
-    """The page's figures from Prometheus exposition text."""
+def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
+    """The page's figures from Prometheus exposition text; exact wherever ``spans`` hold
+    one span per request a histogram counted (``report.use_spans``)."""
     hists, budgets = parse_metrics(text)
-    itl = Histogram({})
+    use_spans(hists, spans)
     tokens: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     cost: dict[str, float] = defaultdict(float)
     requests: dict[str, float] = defaultdict(float)
@@ -90,33 +105,38 @@ def read_figures(text: str) -> Figures:
                 cost[labels.get(sc.LABEL_TENANT, "")] += value
             elif sample.name == sc.REQUESTS:
                 requests[labels.get(sc.LABEL_CODE, "")] += value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_bucket":
-                bound = float(labels["le"])
-                itl.buckets[bound] = itl.buckets.get(bound, 0.0) + value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_count":
-                itl.count += value
-            elif sample.name == sc.INTER_TOKEN_LATENCY + "_sum":
-                itl.total += value
+    itl = hists.get((sc.INTER_TOKEN_LATENCY, ""))
     return Figures(
         stages=stage_rows(hists, budgets),
         e2e=hists.get((sc.REQUEST_DURATION, "")),
         ttft=hists.get((sc.TIME_TO_FIRST_TOKEN, "")),
-        itl=itl if itl.count else None,
+        itl=itl if itl is not None and itl.count else None,
         tokens={t: dict(v) for t, v in tokens.items()},
         cost=dict(cost),
         requests=dict(requests),
+        ttfat=hists.get((sc.TIME_TO_FIRST_ANSWER_TOKEN, "")),
+        reasoning=reasoning_shares(text),
     )
 
 
 def _ms(seconds: float) -> str:
-    return "&ndash;" if math.isnan(seconds) else f"{seconds * 1000:,.2f}"
+    """As the text report's: three decimals below 1 ms, two above."""
+    if math.isnan(seconds):
+        return "&ndash;"
+    ms = seconds * 1000
+    return f"{ms:,.3f}" if abs(ms) < 1 else f"{ms:,.2f}"
 
 
 def _quantiles(hist: Histogram | None) -> str:
     if hist is None or not hist.count:
         return "no samples"
     marks = ", ".join(f"p{int(q * 100)} {_ms(hist.quantile(q))} ms" for q in (0.5, 0.95, 0.99))
-    return f"{int(hist.count):,} samples: {marks}"
+    return f"{int(hist.count):,} samples: {marks} ({bound_label(hist.bound(0.5, 0.95, 0.99))})"
+
+
+def _bound(hist: Histogram) -> str:
+    label = bound_label(hist.bound(0.5, 0.95))
+    return "" if label == "exact" else f" <small>{label}</small>"
 
 
 def _cards(figures: Figures) -> str:
@@ -131,13 +151,13 @@ def _cards(figures: Figures) -> str:
         ("errors", f"{failed:,.0f}"),
         (
             "TTFT p50 / p95 ms",
-            f"{_ms(ttft.quantile(0.5))} / {_ms(ttft.quantile(0.95))}"
+            f"{_ms(ttft.quantile(0.5))} / {_ms(ttft.quantile(0.95))}{_bound(ttft)}"
             if ttft and ttft.count
             else "&ndash;",
         ),
         (
             "ITL p50 / p95 ms",
-            f"{_ms(itl.quantile(0.5))} / {_ms(itl.quantile(0.95))}"
+            f"{_ms(itl.quantile(0.5))} / {_ms(itl.quantile(0.95))}{_bound(itl)}"
             if itl and itl.count
             else "&ndash;",
         ),
@@ -160,23 +180,25 @@ def _stage_table(figures: Figures) -> str:
             f"{escape(row.stage)}</td><td>{_ms(row.budget)}</td><td>{_ms(row.p50)}</td>"
             f"<td{over}>{_ms(row.p95)}</td><td>{share} "
             f'<span class="share" style="width:{width:.0f}px"></span></td>'
-            f"<td>{row.count:,}</td></tr>"
+            f"<td>{row.count:,}</td><td>{bound_label(row.error)}</td></tr>"
         )
     e2e = figures.e2e
     if e2e is not None and e2e.count:
         rows.append(
             f"<tr><th>end-to-end</th><th></th><th>{_ms(e2e.quantile(0.5))}</th>"
-            f"<th>{_ms(e2e.quantile(0.95))}</th><th>100%</th><th>{int(e2e.count):,}</th></tr>"
+            f"<th>{_ms(e2e.quantile(0.95))}</th><th>100%</th><th>{int(e2e.count):,}</th>"
+            f"<th>{bound_label(e2e.bound(0.5, 0.95))}</th></tr>"
         )
     head = (
         "<tr><th>stage</th><th>budget ms</th><th>p50 ms</th><th>p95 ms</th><th>share</th>"
-        "<th>count</th></tr>"
+        "<th>count</th><th>p50/p95</th></tr>"
     )
     return (
         f'<table>{head}{"".join(rows)}</table><p class="meta">share = mean stage time / '
         "mean end-to-end time (a streamed answer overlaps inference and postprocess). "
-        "Quantiles are interpolated inside histogram buckets, as histogram_quantile does; "
-        "a p95 above its stage budget is red.</p>"
+        "p50/p95 are nearest-rank percentiles (a value some request took): 'exact' from "
+        "the spans of every request counted, '&plusmn;N%' read from histogram buckets and "
+        "at most N % from the exact figure; a p95 above its stage budget is red.</p>"
     )
 
 
@@ -203,6 +225,23 @@ def _tenant_table(figures: Figures) -> str:
         "<th>cost USD</th><th>share of cost</th></tr>"
     )
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _reasoning_table(figures: Figures) -> str:
+    """Per model and tenant: output tokens, the reasoning part, its share."""
+    if not figures.reasoning:
+        return '<p class="empty">no reasoning tokens (no model here reasons)</p>'
+    rows = "".join(
+        f"<tr><td>{escape(r.model)}</td><td>{escape(r.tenant)}</td><td>{r.output:,.0f}</td>"
+        f"<td>{r.reasoning:,.0f}</td><td>{r.share * 100:.1f}% "
+        f'<span class="share" style="width:{r.share * 100:.0f}px"></span></td></tr>'
+        for r in figures.reasoning
+    )
+    head = (
+        "<tr><th>model</th><th>tenant</th><th>output tokens</th><th>of which reasoning</th>"
+        "<th>reasoning share</th></tr>"
+    )
+    return f"<table>{head}{rows}</table>"
 
 
 def render_page(
@@ -232,9 +271,13 @@ def render_page(
         f'<div><b>TTFT</b> <span class="meta">{_quantiles(figures.ttft)}</span><br>'
         f"{_chart(figures.ttft, 'TTFT')}</div>"
         f'<div><b>Inter-token latency</b> <span class="meta">{_quantiles(figures.itl)}'
-        f"</span><br>{_chart(figures.itl, 'inter-token latency')}</div></div>"
+        f"</span><br>{_chart(figures.itl, 'inter-token latency')}</div>"
+        f'<div><b>Time to first answer token</b> <span class="meta">'
+        f"{_quantiles(figures.ttfat)}</span><br>"
+        f"{_chart(figures.ttfat, 'time to first answer token')}</div></div>"
         f'<h2>The slowest trace</h2><p class="meta">{escape(trace_note)}</p>{trace_part}'
         f"<h2>Tokens and cost by tenant</h2>{_tenant_table(figures)}"
+        f"<h2>Reasoning share by model and tenant</h2>{_reasoning_table(figures)}"
         "</body></html>\n"
     )
 
@@ -283,7 +326,9 @@ def trace_for_page(
     return spans, f"from {redact_url(url)}, the slowest there unless --trace-id"
 
 
-def write_report(args: argparse.Namespace, metrics_text: str) -> int:
+def write_report(
+    args: argparse.Namespace, metrics_text: str, figure_spans: Iterable[SpanRecord] = ()
+) -> int:
     """Write the page named by ``--html``; 1 when an explicit trace source failed."""
     try:
         spans, note = trace_for_page(args.traces, args.trace_file, args.trace_id)
@@ -294,7 +339,7 @@ def write_report(args: argparse.Namespace, metrics_text: str) -> int:
     if waterfall is not None:
         note = f"{note}; each bar is its span's own start and end, in ms from the first span"
     page = render_page(
-        read_figures(metrics_text),
+        read_figures(metrics_text, figure_spans),
         waterfall,
         metrics_source=redact_url(args.metrics_url),
         trace_note=note,

@@ -66,11 +66,13 @@ def constant_docs() -> dict[str, str]:
 
 
 def metric_constants() -> dict[str, str]:
-    """Constants naming a Prometheus metric (value starts with ``stagelens_``)."""
+    """Constants naming a Prometheus metric (value starts with ``stagelens_``; the prefix
+    itself and the ``OTEL_TRACES_SAMPLER`` value ``stagelens_tail`` name none)."""
     return {
         k: v
         for k, v in constants().items()
-        if v.startswith(PROMETHEUS_PREFIX) and v != semconv.METRIC_PREFIX
+        if v.startswith(PROMETHEUS_PREFIX)
+        and v not in (semconv.METRIC_PREFIX, semconv.TRACES_SAMPLER_TAIL)
     }
 
 

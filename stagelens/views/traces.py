@@ -313,6 +313,15 @@ def fetch_trace(source: str, trace_id: str, timeout: float = 10.0) -> list[SpanR
     return spans
 
 
+def fetch_traces(source: str, limit: int, timeout: float = 10.0) -> list[SpanRecord]:
+    """The spans of up to ``limit`` most recent traces at a receiver's query API: one
+    listing, then one query per trace."""
+    spans: list[SpanRecord] = []
+    for summary in list_traces(source, order="recent", limit=limit, timeout=timeout):
+        spans.extend(fetch_trace(source, summary.trace_id, timeout))
+    return spans
+
+
 def list_traces(
     source: str, *, order: str = "slowest", limit: int = 20, timeout: float = 10.0
 ) -> list[TraceSummary]:

@@ -32,10 +32,16 @@ ROW_NOTES: Final = (
     (sc.GEN_AI_USAGE_INPUT_TOKENS, "in"),
     (sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, "cached"),
     (sc.GEN_AI_USAGE_OUTPUT_TOKENS, "out"),
+    (sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "reasoning"),
 )
 """Token counts shown beside a row (the inference span's usage), with their short names."""
 
 NS_PER_MS: Final = 1_000_000
+THINKING_ROW: Final = "thinking"
+"""Name of the row from the first token sent to the first answer token sent (a model that
+reasons streams its thinking first), drawn under the root from its attributes."""
+ANSWER_ROW: Final = "answer"
+"""Name of the row from the first answer token sent to the root's end."""
 
 
 @dataclass(frozen=True)
@@ -126,10 +132,29 @@ def build(spans: Sequence[SpanRecord]) -> Waterfall:
 
     for root in sorted(roots, key=_order):
         visit(root, 0, None)
+        rows += _thinking_rows(root, origin)
     for span in sorted(spans, key=_order):  # spans whose parents form a cycle
         if span.span_id not in seen:
             visit(span, 0, None)
     return Waterfall(spans[0].trace_id, origin, total, tuple(rows))
+
+
+def _thinking_rows(root: SpanRecord, origin: int) -> list[Row]:
+    """``thinking`` (first token to first answer token) and ``answer`` (first answer token
+    to the end) under a root whose model reasoned (its time to first answer token is
+    later than its time to first token): the two phases the client saw, apart. None for
+    any other root (the attributes are the root's own; no span is made up in the trace)."""
+    ttft = root.attributes.get(sc.ATTR_TTFT)
+    ttfat = root.attributes.get(sc.ATTR_TTFAT)
+    if not isinstance(ttft, float) or not isinstance(ttfat, float) or not 0 <= ttft < ttfat:
+        return []
+    first = root.start_ns + round(ttft * 1e9)
+    answer = min(root.start_ns + round(ttfat * 1e9), root.end_ns)
+    rows = []
+    for name, start, end in ((THINKING_ROW, first, answer), (ANSWER_ROW, answer, root.end_ns)):
+        phase = SpanRecord(root.trace_id, "", root.span_id, name, start, end)
+        rows.append(Row(phase, 1, start - origin, end - origin, root.attributes.get(sc.ATTR_STAGE)))
+    return rows
 
 
 def _order(span: SpanRecord) -> tuple[int, int, str]:

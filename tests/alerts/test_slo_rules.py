@@ -39,6 +39,77 @@ def _alerts(cfg: SloConfig) -> list[dict[str, object]]:
     return [r for g in render_alerts(cfg)["groups"] for r in g["rules"]]
 
 
+class TestFireable:
+    """Issue 26: every SLO the generator accepts can fire."""
+
+    def test_an_unreachable_burn_pair_is_refused_naming_slo_and_pair(self) -> None:
+        """Goodput at 90 % with the contract's 14.4x pair needs 144 % bad: refused, and the
+        error names the SLO and the window pair."""
+        with pytest.raises(ConfigurationError, match=r"goodput SLO .* page pair 1h/5m"):
+            slo_config_from_mapping({"burn_windows_by_sli": {}})
+
+    def test_factor_times_budget_of_one_is_refused(self) -> None:
+        """A pair needing exactly 100 % bad is refused too (>= 1, not > 1)."""
+        pair = {"long": "1h", "short": "5m", "factor": 10, "severity": "page"}
+        with pytest.raises(ConfigurationError, match=r"ttft SLO .* 1h/5m"):
+            slo_config_from_mapping(
+                {
+                    "burn_windows_by_sli": {sc.SLI_TTFT: [pair]},
+                    "objectives": {
+                        sc.SLI_AVAILABILITY: 0.995,
+                        sc.SLI_TTFT: 0.9,
+                        sc.SLI_ITL: 0.95,
+                        sc.SLI_GOODPUT: 0.95,
+                    },
+                }
+            )
+
+    def test_every_default_pair_is_reachable(self) -> None:
+        """The defaults: every pair of every SLO needs less than all requests bad; goodput's
+        fast page needs 72 %, as TTFT's and ITL's do."""
+        cfg = SloConfig()
+        for sli in SLIS:
+            for w in cfg.windows_for(sli):
+                assert w.factor * cfg.error_budget(sli) < 1, (sli, w)
+        page = cfg.windows_of("page", sc.SLI_GOODPUT)[0]
+        assert page.factor * cfg.error_budget(sc.SLI_GOODPUT) == pytest.approx(0.72)
+
+    def test_the_page_guard_counts_bad_requests(self) -> None:
+        """Each pair of the rendered burn alerts requires min_bad_events bad requests in its
+        long window, and the runbook states the request floor that implies."""
+        cfg = slo_config_from_mapping({"min_bad_events": 7})
+        for rule in _alerts(cfg):
+            if rule["alert"] in {"StagelensAvailabilityBudgetBurn", "StagelensTTFTBudgetBurn"}:
+                pairs = str(rule["expr"]).split("\nor\n")
+                assert all(p.endswith(" >= 7\n)") for p in pairs), pairs
+        assert cfg.request_floor(sc.SLI_AVAILABILITY, cfg.burn_windows[0]) == 98  # 7 / 0.072
+
+    def test_ttft_classes_come_from_the_gateway(self) -> None:
+        """Per-class TTFT thresholds default to the gateway's classes; a threshold record per
+        class (and one without the label) is rendered."""
+        cfg = SloConfig()
+        assert cfg.ttft_classes() == (
+            ("1024", 0.5),
+            ("8192", 1.0),
+            ("32768", 2.5),
+            ("+Inf", 5.0),
+            ("unknown", 0.5),
+        )
+        rules = [r for g in render_rules(cfg)["groups"] for r in g["rules"]]
+        thresholds = [
+            (r.get("labels", {}).get(sc.LABEL_PROMPT_SIZE), r["expr"])
+            for r in rules
+            if r["record"] == "stagelens:ttft_slo_threshold_seconds:configured"
+        ]
+        assert thresholds[0] == (None, "vector(0.5)")
+        assert ("32768", "vector(2.5)") in thresholds
+
+    def test_a_class_threshold_other_than_the_gateways_is_refused(self) -> None:
+        """The SLO config cannot judge a class by another threshold than the gateway does."""
+        with pytest.raises(ConfigurationError, match="prompt-size classes"):
+            slo_config_from_mapping({"ttft_thresholds_by_prompt_size": {"1024": 0.5}})
+
+
 class TestSloConfig:
     def test_defaults_match_the_contract(self) -> None:
         """Default TTFT threshold 0.5 s, objective 95 %, period 30d and the four burn pairs."""
@@ -102,6 +173,31 @@ class TestSloConfig:
                 {"burn_windows": [{"long": "1h", "short": "5m", "factor": 1, "severity": "urgent"}]}
             )
 
+    def test_the_answer_sli_has_a_generous_default_and_old_configs_still_load(
+        self, tmp_path
+    ) -> None:
+        """The answer threshold is the gateway's (10 s by default), its objective 0.95; a
+        config naming only the four older SLIs gets the answer's default objective; an
+        answer threshold other than the gateway's, or off the TTFT buckets, is refused."""
+        cfg = SloConfig()
+        assert cfg.answer_threshold_seconds == 10.0
+        assert cfg.objectives[sc.SLI_ANSWER] == 0.95
+        old = {"availability": 0.999, "ttft": 0.99, "itl": 0.95, "goodput": 0.9}
+        assert slo_config_from_mapping({"objectives": old}).objectives[sc.SLI_ANSWER] == 0.95
+        with pytest.raises(ConfigurationError, match="STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS"):
+            slo_config_from_mapping({"answer_threshold_seconds": 20.0})
+        with pytest.raises(ConfigurationError, match="bucket boundary"):
+            slo_config_from_mapping({"answer_threshold_seconds": 12.0})
+
+    def test_the_answer_threshold_comes_from_the_gateway(self, monkeypatch) -> None:
+        """STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS sets the answer alert's threshold."""
+        monkeypatch.setenv("STAGELENS_ANSWER_SLO_THRESHOLD_SECONDS", "20")
+        cfg = load_slo_config()
+        assert cfg.answer_threshold_seconds == 20.0
+        burn = [r for r in _alerts(cfg) if r["alert"] == "StagelensAnswerBudgetBurn"]
+        assert {r["labels"]["severity"] for r in burn} == {"page", "ticket"}
+        assert "within 20s" in burn[0]["annotations"]["description"]
+
     def test_duration_seconds(self) -> None:
         """Prometheus durations convert to float seconds."""
         assert duration_seconds("30d") == 2592000
@@ -123,7 +219,14 @@ class TestRuleGenerator:
         assert {r["alert"] for r in rules} == set(ALL_ALERTS)
         for rule in rules:
             assert rule["labels"]["severity"] in {"page", "ticket"}
-            assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+            assert set(rule["annotations"]) == {
+                "summary",
+                "description",
+                "runbook_url",
+                "dashboard_url",
+            }
+            uid = str(rule["annotations"]["dashboard_url"]).rsplit("/d/", 1)[1]
+            assert uid in DASHBOARD_UIDS.values(), rule["alert"]
             anchor = rule["annotations"]["runbook_url"].split("#")[1]
             assert f"## {rule['alert']}\n" in runbook
             assert anchor == rule["alert"].lower()

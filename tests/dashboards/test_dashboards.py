@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from stagelens.dashboards import build
-from stagelens.dashboards.panels import DATASOURCE_VAR, ROW_ORDER_LEGEND
+from stagelens.dashboards.panels import DATASOURCE_VAR, HEATMAP_MIN_INTERVAL, ROW_ORDER_LEGEND
 
 from stagelens import semconv as sc
 from stagelens.slo.config import SloConfig
@@ -92,7 +92,11 @@ VARIABLES = ("model", "tenant", "cluster", "namespace", "instance", "gpu")
 
 
 def _concrete(expr: str) -> str:
-    expr = expr.replace("$__rate_interval", "5m").replace("$__range", "1h")
+    expr = (
+        expr.replace("$__rate_interval", "5m")
+        .replace("$__range", "1h")
+        .replace("$__interval", "1m")
+    )
     for name in VARIABLES:
         expr = expr.replace(f"${name}", ".*")
     return expr
@@ -268,16 +272,22 @@ class TestLint:
                 assert target["datasource"]["uid"] == f"${{{DATASOURCE_VAR}}}"
 
     def test_range_queries_use_rate_interval(self) -> None:
-        """rate()/increase() on graph panels use $__rate_interval (tables may use $__range)."""
+        """rate()/increase() on time series panels use $__rate_interval (tables may use
+        $__range); heatmaps use increase over $__interval with a minimum interval, so that
+        neighbouring cells never count one observation twice."""
         for board in _dashboards().values():
             for panel in board["panels"]:
                 if panel["type"] not in {"timeseries", "heatmap"}:
                     continue
+                heatmap = panel["type"] == "heatmap"
+                if heatmap:
+                    assert panel["interval"] == HEATMAP_MIN_INTERVAL, panel["title"]
                 for target in panel["targets"]:
                     for window in re.findall(
                         r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", target["expr"]
                     ):
-                        assert window == "$__rate_interval", panel["title"]
+                        wanted = "$__interval" if heatmap else "$__rate_interval"
+                        assert window == wanted, panel["title"]
 
     def test_every_metric_is_catalogued(self) -> None:
         """Every metric a query reads is in semconv (ours, vLLM's, DCGM's) or a recording rule."""

@@ -180,8 +180,9 @@ class TestFinding12StatPanels:
         series = [
             _gauge("stagelens:sli_errors:ratio_rate30d", 'model="good", sli="ttft"', 0.025),
             _gauge("stagelens:sli_errors:ratio_rate30d", 'model="bad", sli="ttft"', 0.2),
-            _gauge("stagelens:sli_errors:ratio_rate1h", 'model="good", sli="ttft"', 0.025),
-            _gauge("stagelens:sli_errors:ratio_rate1h", 'model="bad", sli="ttft"', 0.2),
+            # The TTFT burn panel reads the per prompt-size class ratio (issue 26).
+            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", 'model="good", sli="ttft"', 0.025),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", 'model="bad", sli="ttft"', 0.2),
         ]
         sli = _exprs(SLOS, "TTFT SLI (30d)")[0]
         burn = _exprs(SLOS, "TTFT burn rate")[0]

@@ -14,6 +14,7 @@ import pytest
 from stagelens.reference.schema import ChatRequest, CompletionRequest, EmbeddingRequest
 
 from stagelens import semconv
+from stagelens.config import prompt_size_classes
 
 pytestmark = pytest.mark.vllm
 
@@ -339,7 +340,8 @@ class TestSyncSDK:
         _check(stack, kind, kwargs, got, want, billed)
         if kind == "embeddings":  # no tokens generated: no time to first token
             ttft = semconv.TIME_TO_FIRST_TOKEN + "_count"
-            assert not stack.capture.value(ttft, model="tiny-embed")
+            for size, _ in prompt_size_classes(stack.capture.telemetry.settings):
+                assert not stack.capture.value(ttft, model="tiny-embed", prompt_size=size)
 
 
 class TestAsyncSDK:

@@ -263,7 +263,11 @@ VARIABLES = ("model", "tenant", "cluster", "namespace", "instance", "gpu")
 
 def concrete(expr: str) -> str:
     """A panel query with Grafana's variables replaced as Grafana would for this test."""
-    expr = expr.replace("$__rate_interval", "20s").replace("$__range", "2m")
+    expr = (
+        expr.replace("$__rate_interval", "20s")
+        .replace("$__range", "2m")
+        .replace("$__interval", "20s")
+    )
     for name in VARIABLES:
         expr = expr.replace(f"${name}", ".*")
     return expr

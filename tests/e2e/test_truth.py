@@ -590,7 +590,9 @@ class TestCutStreams:
         assert 3 <= output_tokens < 200
         assert _within_estimate(prompt_tokens, _vllm_prompt_tokens(vllm_url))
         assert readings.delta.get(_key(sc.UNMETERED_REQUESTS, billing="estimated")) == 1
-        assert not readings.delta.get(_key(sc.SLI_REQUESTS, sli="availability"))
+        assert readings.delta.get(_key(sc.REQUESTS, code="499")) == 1  # never the 200
+        # Left after a few tokens, well before client_left_bad_after_seconds: not counted.
+        assert not readings.delta.get(_key(sc.SLI_REQUESTS, sli="availability", prompt_size="1024"))
 
     def test_the_backend_dying_mid_stream(self, service, port_factory) -> None:
         """The connection to the backend drops after a few events: a failure under 200,
@@ -614,7 +616,7 @@ class TestCutStreams:
             assert span.attributes[sc.ERROR_TYPE] in ("RemoteProtocolError", "ReadError")
         assert readings.root.attributes["http.response.status_code"] == 200
         assert readings.delta.get(_key(sc.REJECTIONS, code="200", stage="inference")) == 1
-        assert readings.delta.get(_key(sc.SLI_ERRORS, sli="availability")) == 1
+        assert readings.delta.get(_key(sc.SLI_ERRORS, sli="availability", prompt_size="1024")) == 1
         assert readings.inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
         _, output_tokens = readings.usage()
         assert output_tokens >= sum(map(len, seen.outputs.values()))

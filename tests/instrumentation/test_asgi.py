@@ -235,8 +235,11 @@ class TestMetrics:
         body = {"model": "tiny", "stream": True, "x_chunks": 4, "x_first_delay": 0.2}
         async with client_factory(app) as client:
             await client.post("/v1/chat/completions", json=body)
-        ttft_sum = cap.value(semconv.TIME_TO_FIRST_TOKEN + "_sum", model="tiny")
-        assert cap.value(semconv.TIME_TO_FIRST_TOKEN + "_count", model="tiny") == 1.0
+        ttft_sum = cap.value(semconv.TIME_TO_FIRST_TOKEN + "_sum", model="tiny", prompt_size="1024")
+        assert (
+            cap.value(semconv.TIME_TO_FIRST_TOKEN + "_count", model="tiny", prompt_size="1024")
+            == 1.0
+        )
         assert 0.2 <= ttft_sum < 1.0
         root = _by_name(cap)["POST /v1/chat/completions"]
         assert root.attributes[semconv.ATTR_TTFT] == pytest.approx(ttft_sum)
@@ -475,7 +478,11 @@ class TestFailures:
         root = spans["POST /v1/chat/completions"]
         assert root.status.description == "client disconnected"
         assert root.attributes[semconv.ATTR_CLIENT_DISCONNECTED] is True
-        assert cap.value(semconv.REQUESTS, model="tiny", code="200") == 1.0  # headers went out
+        # The 200 headers went out, the answer did not: 499, never the 200 nobody received;
+        # the span keeps the status the app sent.
+        assert cap.value(semconv.REQUESTS, model="tiny", code="499") == 1.0
+        assert cap.value(semconv.REQUESTS, model="tiny", code="200") is None
+        assert root.attributes["http.response.status_code"] == 200
         # Starlette leaves the relay generator to the event loop's finaliser, which closes
         # the upstream stream once the generator is collected (the traceback holds it).
         del raised

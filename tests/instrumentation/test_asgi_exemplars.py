@@ -24,7 +24,12 @@ from stagelens.testing import TRACERS, TelemetryCapture, capture_telemetry
 pytestmark = pytest.mark.anyio
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-HISTOGRAMS = (semconv.TIME_TO_FIRST_TOKEN, semconv.REQUEST_DURATION, semconv.STAGE_DURATION)
+HISTOGRAMS = (
+    semconv.TIME_TO_FIRST_TOKEN,
+    semconv.INTER_TOKEN_LATENCY,
+    semconv.REQUEST_DURATION,
+    semconv.STAGE_DURATION,
+)
 
 
 async def _scrape(cap: TelemetryCapture, client_factory: Any, accept: str) -> str:
@@ -77,6 +82,21 @@ class TestSampled:
             if name in ("tokenizer", "router"):  # one block each: the span is the stage time
                 seconds = (span.end_time - span.start_time) / 1e9
                 assert stages[name].value == pytest.approx(seconds, abs=2e-4)
+        # ITL: the request's worst gap, so its exemplar sits in the highest bucket holding
+        # any gap (read from the bucket counts scraped, not from the fold's reasoning).
+        (itl,) = [(lbl["le"], e) for n, lbl, e in found if n == semconv.INTER_TOKEN_LATENCY]
+        gaps = cap.value(f"{semconv.INTER_TOKEN_LATENCY}_count", model="tiny")
+        assert gaps == 15  # 16 content events, one gap between each pair
+        edges = sorted(
+            (float(s.labels["le"]), s.value)
+            for family in cap.registry.collect()
+            if family.name == semconv.INTER_TOKEN_LATENCY
+            for s in family.samples
+            if s.name.endswith("_bucket")
+        )
+        highest = next(le for le, cumulative in edges if cumulative == gaps)
+        assert float(itl[0]) == highest
+        assert itl[1].value <= highest
         stamp = ttft[0].timestamp  # the parser's Timestamp(sec, nsec)
         assert abs(stamp.sec + stamp.nsec / 1e9 - root.end_time / 1e9) < 1.0
 
@@ -143,5 +163,5 @@ class TestNotSampled:
                 assert r.status_code == 200
         text = await _scrape(not_sampled, client_factory, OPENMETRICS)
         count = f"{semconv.TIME_TO_FIRST_TOKEN}_count"
-        assert not_sampled.value(count, model="tiny") == 2.0
+        assert not_sampled.value(count, model="tiny", prompt_size="1024") == 2.0
         assert _exemplars(text) == []

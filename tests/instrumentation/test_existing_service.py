@@ -64,7 +64,8 @@ def test_five_added_lines_give_traces_and_metrics(upstream, port_factory, tmp_pa
                 f'stagelens_stage_duration_seconds_count{{model="tiny",stage="{stage_name}"}} 1.0'
                 in metrics
             ), stage_name
-        assert 'stagelens_time_to_first_token_seconds_count{model="tiny"} 1.0' in metrics
+        ttft = 'stagelens_time_to_first_token_seconds_count{model="tiny",prompt_size="1024"} 1.0'
+        assert ttft in metrics
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -438,6 +438,7 @@ def _records(draw: st.DrawFn) -> RequestRecord:
             output_tokens=st.integers(-(2**40), 2**40),
             cached_input_tokens=st.integers(0, 10),
             cost_usd=st.floats(0, 1),
+            reasoning_tokens=st.integers(-(2**40), 2**40),
         )
     )
     call = draw(
@@ -494,6 +495,41 @@ def test_any_batch_is_recorded_or_skipped_never_raised(batch: list[RequestRecord
         if "gen_ai.response.model" in p.attributes
     }
     assert len(models) <= 3
+
+
+def test_reasoning_tokens_are_a_third_token_usage_value() -> None:
+    """A request whose model reasoned records its reasoning tokens as
+    ``gen_ai.token.type=reasoning`` beside input and output; one that did not records none."""
+    metrics, reader = _in_memory(latest=False)
+    call = GenAICall("chat", True, "127.0.0.1", 8000)
+
+    def record(model: str, reasoning: int) -> RequestRecord:
+        return RequestRecord(
+            model=model,
+            code="200",
+            duration=1.0,
+            ttft=0.1,
+            gaps=[],
+            stages=StageTimes([]),
+            phases=None,
+            rejected_by=None,
+            billing=BillingRecord("t", 7, 20, 0, 0.01, reasoning),
+            genai=call,
+        )
+
+    metrics.record([record("think", 15), record("plain", 0)])
+    points = _collected(reader)["gen_ai.client.token.usage"]
+    sums = {
+        (p.attributes["gen_ai.request.model"], p.attributes["gen_ai.token.type"]): p.sum
+        for p in points
+    }
+    assert sums == {
+        ("think", "input"): 7,
+        ("think", "output"): 20,
+        ("think", semconv.GEN_AI_TOKEN_TYPE_REASONING): 15,
+        ("plain", "input"): 7,
+        ("plain", "output"): 20,
+    }
 
 
 def test_buckets_are_the_semconv_advice() -> None:

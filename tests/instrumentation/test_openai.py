@@ -199,3 +199,98 @@ def test_reading_the_bytes_says_what_reading_the_value_says(body: Any) -> None:
     fast, plain = _openai.read_event(raw), _openai.EventFacts(json.loads(raw))
     for name in ("outputs", "finish_reasons", "usage", "error", "no_choices", "id", "model"):
         assert getattr(fast, name) == getattr(plain, name), name
+
+
+def _plain_kind(value: Any) -> int:
+    """``output_kind`` as a newcomer would write it: every answer and reasoning output in
+    the value, found recursively; then which kind there was."""
+    answers, thoughts = [], []
+
+    def walk(item: Any) -> None:
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                text = isinstance(inner, str) and inner != ""
+                if key in ("content", "text", "refusal") and text:
+                    answers.append(key)
+                elif key in ("reasoning", "reasoning_content") and text:
+                    thoughts.append(key)
+                elif key == "tool_calls" and isinstance(inner, list) and inner:
+                    answers.append(key)
+                else:
+                    walk(inner)
+        elif isinstance(item, list):
+            for inner in item:
+                walk(inner)
+
+    walk(value)
+    if answers:
+        return _openai.ANSWER
+    return _openai.REASONING if thoughts else _openai.NO_OUTPUT
+
+
+KEYED_JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(
+                ["content", "reasoning", "reasoning_content", "text", "tool_calls", "delta", "x"]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(KEYED_JSON)
+def test_output_kind_is_the_plain_walk(value: Any) -> None:
+    """Answer wherever any answer output is, reasoning where thinking is the only output:
+    the same as the plain recursive twin on any JSON value."""
+    assert _openai.output_kind(value) == _plain_kind(value)
+
+
+@pytest.mark.parametrize(
+    ("delta", "reasoning", "answers"),
+    [
+        ({"reasoning": "hmm"}, [0], False),
+        ({"reasoning_content": "hmm", "content": None}, [0], False),
+        ({"reasoning": "", "content": "x"}, [], True),
+        ({"reasoning": "hmm", "content": "x"}, [], True),
+        ({"content": None, "tool_calls": [{"index": 0}]}, [], True),
+        ({"reasoning": None, "content": ""}, [], False),
+    ],
+    ids=["reasoning", "reasoning-content", "content", "both", "tool-call", "neither"],
+)
+def test_reasoning_only_events_are_told_from_answers(
+    delta: dict[str, Any], reasoning: list[int], answers: bool
+) -> None:
+    """An event whose only output is thinking is reasoning; anything else with output, even
+    beside thinking (vLLM coalesces deltas under load), answers."""
+    facts = _openai.EventFacts({"choices": [{"index": 0, "delta": delta}]})
+    assert facts.reasoning == reasoning
+    assert facts.answers is answers
+
+
+@pytest.mark.parametrize(
+    ("usage", "reasoning", "reported"),
+    [
+        ({"completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": 4}}, 4, True),
+        ({"completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": 0}}, 0, True),
+        ({"completion_tokens": 9, "completion_tokens_details": None}, 0, False),
+        ({"completion_tokens": 9}, 0, False),
+        ({"completion_tokens": 9, "completion_tokens_details": {"reasoning_tokens": "4"}}, 0, True),
+    ],
+    ids=["reported", "reported-zero", "details-null", "no-details", "wrong-type"],
+)
+def test_reasoning_tokens_of_the_usage(
+    usage: dict[str, Any], reasoning: int, reported: bool
+) -> None:
+    """vLLM's ``completion_tokens_details.reasoning_tokens``, read like every usage field;
+    whether the usage says them at all decides if the events are counted instead."""
+    facts = _openai.EventFacts({"choices": [], "usage": usage})
+    assert facts.usage is not None
+    assert facts.usage.reasoning_output_tokens == reasoning
+    assert facts.reasoning_reported is reported

@@ -15,8 +15,8 @@ from stagelens import semconv as sc
 from stagelens.request import InferenceFacts
 
 AV, TT, IT, GP = sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT
-OK_GAPS = [0.02, 0.03]
-SLOW_GAPS = [0.2, 0.3]
+SMOOTH = 0.03
+"""The worst gap of a smooth stream (well under the 1 s stall threshold)."""
 
 
 def _verdicts(**given: Any) -> dict[str, bool]:
@@ -27,9 +27,10 @@ def _verdicts(**given: Any) -> dict[str, bool]:
         "client_gone": False,
         "ttft": 0.1,
         "waited": 1.0,
-        "gaps": OK_GAPS,
+        "worst_gap": SMOOTH,
         "ttft_threshold": 0.5,
-        "itl_threshold": 0.1,
+        "stall_threshold": 1.0,
+        "client_left_bad_after": 10.0,
     }
     request.update(given)
     return dict(_outcome.sli_verdicts(**request))
@@ -41,43 +42,119 @@ def _verdicts(**given: Any) -> dict[str, bool]:
         ({}, {AV: False, TT: False, IT: False, GP: False}),
         ({"ttft": 0.6}, {AV: False, TT: True, IT: False, GP: True}),
         ({"ttft": 0.5}, {AV: False, TT: False, IT: False, GP: False}),  # at the threshold: good
-        ({"gaps": SLOW_GAPS}, {AV: False, TT: False, IT: True, GP: True}),
-        ({"gaps": [0.05]}, {AV: False, TT: False, IT: False, GP: False}),
-        ({"gaps": []}, {AV: False, TT: False, GP: False}),  # one event: ITL counts as met
-        ({"streamed": False, "gaps": []}, {AV: False}),
-        ({"code": 429, "ttft": None, "gaps": []}, {AV: False}),  # the client's fault: good
+        ({"ttft": 0.9, "ttft_threshold": 1.0}, {AV: False, TT: False, IT: False, GP: False}),
+        ({"worst_gap": 1.2}, {AV: False, TT: False, IT: True, GP: True}),  # one stall
+        ({"worst_gap": 1.0}, {AV: False, TT: False, IT: False, GP: False}),  # at: good
+        ({"worst_gap": 0.9}, {AV: False, TT: False, IT: False, GP: False}),  # slow, no stall
+        ({"worst_gap": None}, {AV: False, TT: False, GP: False}),  # one event: ITL counts as met
+        ({"streamed": False, "worst_gap": None}, {AV: False}),
+        ({"code": 429, "ttft": None, "worst_gap": None}, {AV: False}),  # the client's fault
         (
-            {"code": 503, "server_failed": True, "ttft": None, "gaps": []},
+            {"code": 503, "server_failed": True, "ttft": None, "worst_gap": None},
             {AV: True, TT: True, GP: True},
         ),
-        ({"server_failed": True, "gaps": []}, {AV: True, TT: False, GP: False}),  # after 1st token
+        # Cut after exactly one output event: no gap to judge, and no answer either.
+        ({"server_failed": True, "worst_gap": None}, {AV: True, TT: False, GP: True}),
+        ({"client_gone": True, "worst_gap": None}, {TT: False, GP: True}),
         ({"server_failed": True}, {AV: True, TT: False, IT: True, GP: True}),
-        ({"client_gone": True, "ttft": None, "waited": 0.2, "gaps": []}, {}),
-        ({"client_gone": True, "ttft": None, "waited": 0.9, "gaps": []}, {TT: True, GP: True}),
-        ({"client_gone": True, "gaps": OK_GAPS}, {TT: False, IT: False, GP: False}),
-        ({"ttft": None, "gaps": []}, {AV: False}),  # an answer with no output at all
+        ({"client_gone": True, "ttft": None, "waited": 0.2, "worst_gap": None}, {}),
+        (
+            {"client_gone": True, "ttft": None, "waited": 0.9, "worst_gap": None},
+            {TT: True, GP: True},
+        ),
+        ({"client_gone": True}, {TT: False, IT: False, GP: False}),
+        ({"client_gone": True, "waited": 10.5}, {AV: True, TT: False, IT: False, GP: False}),
+        ({"client_gone": True, "waited": 10.0}, {TT: False, IT: False, GP: False}),  # at: out
+        (
+            {"streamed": False, "client_gone": True, "waited": 12.0, "worst_gap": None},
+            {AV: True},
+        ),
+        ({"streamed": False, "client_gone": True, "waited": 0.8, "worst_gap": None}, {}),
+        ({"ttft": None, "worst_gap": None}, {AV: False}),  # an answer with no output at all
     ],
     ids=[
         "good",
         "slow-first-token",
         "first-token-at-threshold",
-        "slow-tokens",
-        "one-gap-fast",
+        "first-token-within-its-class-threshold",
+        "stall",
+        "worst-gap-at-stall-threshold",
+        "slow-without-stall",
         "one-output-event",
         "not-streamed",
         "rate-limited",
         "unavailable",
-        "failed-after-first-token-one-event",
+        "failed-after-one-event",
+        "client-gone-after-one-event",
         "failed-after-first-token",
         "client-gone-early",
         "client-gone-after-waiting",
         "client-gone-mid-stream",
+        "client-gone-after-the-timeout",
+        "client-gone-at-the-timeout",
+        "not-streamed-client-gone-after-the-timeout",
+        "not-streamed-client-gone-early",
         "answer-without-output",
     ],
 )
 def test_sli_verdicts(given: dict[str, Any], expected: dict[str, bool]) -> None:
     """Each SLI counts the requests the interface says, bad as it says."""
     assert _verdicts(**given) == expected
+
+
+def _answer(**given: Any) -> bool | None:
+    """The ``answer`` verdict (None: not counted), threshold 10 s."""
+    base = {"ttfat": given.get("ttft", 0.1), "answer_threshold": 10.0}
+    return _verdicts(**{**base, **given}).get(sc.SLI_ANSWER)
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ({}, False),  # a model that does not reason: its first token answered
+        ({"ttfat": 4.0}, False),  # thought 3.9 s, answered within 10 s
+        ({"ttfat": 10.0}, False),  # at the threshold: good
+        ({"ttfat": 12.0}, True),
+        ({"ttfat": None}, True),  # a first token, never an answer: cut while thinking
+        ({"ttfat": None, "server_failed": True}, True),
+        ({"ttft": None, "ttfat": None, "server_failed": True, "code": 503}, True),
+        ({"ttft": None, "ttfat": None, "client_gone": True, "waited": 3.0}, None),
+        ({"ttfat": None, "client_gone": True, "waited": 11.0}, True),
+        ({"ttft": None, "ttfat": None}, None),  # an answer with no output at all
+        ({"streamed": False}, None),
+        ({"code": 429, "ttft": None, "ttfat": None}, None),
+        ({"answer_threshold": None}, None),  # no threshold: no verdict
+    ],
+    ids=[
+        "no-reasoning",
+        "thought-answered-in-time",
+        "answer-at-threshold",
+        "slow-answer",
+        "no-answer-after-thinking",
+        "failed-while-thinking",
+        "unavailable",
+        "client-gone-early",
+        "client-gone-after-waiting",
+        "answer-without-output",
+        "not-streamed",
+        "rate-limited",
+        "no-threshold",
+    ],
+)
+def test_answer_verdict(given: dict[str, Any], expected: bool | None) -> None:
+    """The ``answer`` SLI counts the ``ttft`` requests, bad when the first answer token
+    was late or never came while the request was waited for."""
+    assert _answer(**given) is expected
+
+
+def test_a_stall_among_quick_tokens_is_bad_where_the_mean_was_good() -> None:
+    """Issue 26's case: 30 tokens 10 ms apart and one 2 s freeze. The mean gap (~75 ms) is
+    under the 100 ms symptom threshold, which judged it good; the worst gap is a stall."""
+    gaps = [0.01] * 29 + [2.0]
+    assert sum(gaps) / len(gaps) < 0.1
+    verdicts = _verdicts(worst_gap=max(gaps))
+    assert verdicts[IT] is True
+    assert verdicts[GP] is True
 
 
 def test_gaps_are_per_choice_and_per_event() -> None:

@@ -24,6 +24,7 @@ from tests._scaffold import event
 pytestmark = pytest.mark.anyio
 
 ROLE = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+UNKNOWN = sc.PROMPT_SIZE_UNKNOWN
 
 
 def content(text: str, index: int = 0, **extra: Any) -> dict[str, Any]:
@@ -73,8 +74,8 @@ async def _post(app: FastAPI, body: dict[str, Any]) -> httpx.Response:
 
 
 def _ttft(cap: TelemetryCapture) -> float:
-    total = cap.value(sc.TIME_TO_FIRST_TOKEN + "_sum", model="tiny")
-    assert cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny") == 1
+    total = cap.value(sc.TIME_TO_FIRST_TOKEN + "_sum", model="tiny", prompt_size="1024")
+    assert cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny", prompt_size="1024") == 1
     assert total is not None
     return total
 
@@ -173,7 +174,9 @@ class TestFailureAfterHeaders:
         assert root.attributes[sc.ATTR_REJECTED_BY] == "inference"
         assert cap.value(sc.REQUESTS, model="tiny", code="200") == 1
         assert cap.value(sc.REJECTIONS, stage="inference", model="tiny", code="200") == 1
-        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_AVAILABILITY) == 1
+        assert (
+            cap.value(sc.SLI_ERRORS, model="tiny", prompt_size="1024", sli=sc.SLI_AVAILABILITY) == 1
+        )
         assert cap.value(sc.UNMETERED_REQUESTS, model="tiny", billing=sc.BILLING_ESTIMATED) == 1
         assert inference.attributes[sc.ATTR_USAGE_ESTIMATED] is True
         assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
@@ -184,7 +187,7 @@ class TestFailureAfterHeaders:
         script = [[0, event(ROLE)], [0, event(content("a"))], [0, event(content("b"))]]
         await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script, "x_die": True})
         bad = {
-            sli: cap.value(sc.SLI_ERRORS, model="tiny", sli=sli)
+            sli: cap.value(sc.SLI_ERRORS, model="tiny", prompt_size="1024", sli=sli)
             for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT)
         }
         assert bad == {
@@ -203,10 +206,11 @@ class TestFailureAfterHeaders:
         )
         assert r.status_code == 200
         assert cap.value(sc.REQUESTS, model="tiny", code="200") == 1
-        assert not cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny")
+        assert not cap.value(sc.TIME_TO_FIRST_TOKEN + "_count", model="tiny", prompt_size=UNKNOWN)
         for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_GOODPUT):
-            assert cap.value(sc.SLI_REQUESTS, model="tiny", sli=sli) == 1, sli
-            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sli) == 1, sli
+            # No usage, no prompt text to estimate from: the class is not known.
+            assert cap.value(sc.SLI_REQUESTS, model="tiny", prompt_size=UNKNOWN, sli=sli) == 1, sli
+            assert cap.value(sc.SLI_ERRORS, model="tiny", prompt_size=UNKNOWN, sli=sli) == 1, sli
 
 
 class TestStreamNamedByTheApp:
@@ -241,11 +245,15 @@ class TestStreamNamedByTheApp:
     @staticmethod
     def _check(cap: TelemetryCapture, r: httpx.Response, name_it: bool) -> None:
         assert r.status_code == 503
-        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_AVAILABILITY) == 1
-        counted = cap.value(sc.SLI_REQUESTS, model="tiny", sli=sc.SLI_TTFT)
+        # Refused before any call: its input tokens are not known.
+        assert (
+            cap.value(sc.SLI_ERRORS, model="tiny", prompt_size=UNKNOWN, sli=sc.SLI_AVAILABILITY)
+            == 1
+        )
+        counted = cap.value(sc.SLI_REQUESTS, model="tiny", prompt_size=UNKNOWN, sli=sc.SLI_TTFT)
         assert counted == (1 if name_it else None)
         if name_it:
-            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_TTFT) == 1
+            assert cap.value(sc.SLI_ERRORS, model="tiny", prompt_size=UNKNOWN, sli=sc.SLI_TTFT) == 1
 
 
 class TestTokens:
@@ -303,17 +311,31 @@ class TestServiceLevelIndicators:
         script = [[0, event(ROLE)], [0.02, event(content("a"))], [0.01, event(content("b"))]]
         await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
         for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT):
-            assert cap.value(sc.SLI_REQUESTS, model="tiny", sli=sli) == 1, sli
-            assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sli) == 0, sli
+            assert cap.value(sc.SLI_REQUESTS, model="tiny", prompt_size="1024", sli=sli) == 1, sli
+            assert cap.value(sc.SLI_ERRORS, model="tiny", prompt_size="1024", sli=sli) == 0, sli
         assert cap.value(sc.UPSTREAM_TTFT + "_count", model="tiny") == 1
         upstream = cap.value(sc.UPSTREAM_TTFT + "_sum", model="tiny")
         assert upstream is not None
         assert 0.02 <= upstream <= _ttft(cap)
 
-    async def test_slow_tokens_are_bad_for_itl_and_goodput(self, cap, scripted_url) -> None:
-        """Tokens 150 ms apart (threshold 100 ms): bad ITL and goodput, good TTFT."""
-        script = [[0, event(content("a"))], [0.15, event(content("b"))]]
-        await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
-        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_TTFT) == 0
-        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_ITL) == 1
-        assert cap.value(sc.SLI_ERRORS, model="tiny", sli=sc.SLI_GOODPUT) == 1
+    async def test_one_stall_among_quick_tokens_is_bad_for_itl_and_goodput(
+        self, scripted_url
+    ) -> None:
+        """Ten tokens 5 ms apart, then one 250 ms freeze (stall threshold 200 ms): the mean
+        gap (~27 ms) is well under the 100 ms symptom threshold, the worst gap is a stall:
+        bad ITL and goodput, good TTFT."""
+        script = [[0, event(content("a"))]]
+        script += [[0.005, event(content("b"))] for _ in range(10)]
+        script += [[0.25, event(content("c"))]]
+        with capture_telemetry(models=("tiny",), itl_stall_threshold_seconds=0.2) as cap:
+            await _post(_proxy(cap, scripted_url), {"stream": True, "x_script": script})
+            gaps = cap.value(sc.INTER_TOKEN_LATENCY + "_sum", model="tiny")
+            count = cap.value(sc.INTER_TOKEN_LATENCY + "_count", model="tiny")
+            assert count == 11
+            assert gaps is not None
+            assert gaps / count < 0.1  # the mean, which judged it good before
+            errors = {
+                sli: cap.value(sc.SLI_ERRORS, model="tiny", prompt_size="1024", sli=sli)
+                for sli in (sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT)
+            }
+        assert errors == {sc.SLI_TTFT: 0, sc.SLI_ITL: 1, sc.SLI_GOODPUT: 1}

@@ -22,6 +22,7 @@ ALERT_SUITES = (
     "stagelens-alerts_test.yaml",
     "stagelens-alerts-slow_test.yaml",
     "findings_test.yaml",
+    "oncall_test.yaml",
 )
 FINDINGS = HERE / "findings_test.yaml"
 BASELINE = HERE / "baseline"
