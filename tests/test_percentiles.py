@@ -38,7 +38,13 @@ from stagelens.record import RequestRecord, StageTimes
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.telemetry import recording_for
 from stagelens.testing import capture_telemetry
-from stagelens.views.percentiles import ERROR_TARGET, from_buckets, in_bucket, nearest_rank
+from stagelens.views.percentiles import (
+    ERROR_TARGET,
+    from_buckets,
+    in_bucket,
+    nearest_rank,
+    span_samples,
+)
 from stagelens.views.report import render_table, requests_counted
 from stagelens.views.report_html import read_figures, render_page
 from stagelens.views.traces import SpanRecord, to_otlp_json
@@ -416,3 +422,29 @@ def _port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class TestSpanSamples:
+    """Which spans give a request's exact figure."""
+
+    def test_engine_phases_are_not_inferences_and_the_answer_token_is_read(self) -> None:
+        """An inference span with engine-phase children (which carry its stage for colour)
+        is one inference; the root's time to first answer token is a sample like TTFT."""
+
+        def span(sid: str, parent: str, start: int, end: int, **attrs: Any) -> SpanRecord:
+            return SpanRecord("t" * 32, sid, parent, sid, start, end, attributes=attrs)
+
+        stage = semconv.ATTR_STAGE
+        spans = [
+            span("root", "", 0, 900, **{semconv.ATTR_TTFT: 0.2, semconv.ATTR_TTFAT: 0.5}),
+            span("inf", "root", 100, 800, **{stage: "inference"}),
+            span("queue", "inf", 100, 150, **{stage: "inference"}),
+            span("decode", "inf", 150, 800, **{stage: "inference"}),
+            span("tok", "root", 10, 90, **{stage: "tokenizer"}),
+        ]
+        samples = span_samples(spans)
+        assert samples[(semconv.STAGE_DURATION, "inference")] == [700e-9]
+        assert samples[(semconv.STAGE_DURATION, "tokenizer")] == [80e-9]
+        assert samples[(semconv.REQUEST_DURATION, "")] == [900e-9]
+        assert samples[(semconv.TIME_TO_FIRST_TOKEN, "")] == [0.2]
+        assert samples[(semconv.TIME_TO_FIRST_ANSWER_TOKEN, "")] == [0.5]

@@ -113,6 +113,24 @@ class TestReceiver:
         assert store.get(f"{0:032x}") == []
         assert len(store.get(f"{2:032x}")) == 2
 
+    def test_a_root_that_continued_its_clients_trace_is_a_root(self) -> None:
+        """A request that came with a ``traceparent`` has a root whose parent is the
+        client's span, which never arrives here: the trace has its root all the same (the
+        demo waits for roots) and is listed under the root's name."""
+        from stagelens.views.traces import SpanRecord
+
+        store = TraceStore()
+        client_span, trace_id = "c" * 16, "a" * 32
+        store.add(
+            [
+                SpanRecord(trace_id, "1" * 16, client_span, "POST", 0, 10),
+                SpanRecord(trace_id, "3" * 16, "1" * 16, "gateway", 1, 2),
+            ]
+        )
+        assert store.roots() == 1
+        (summary,) = [s for s in store.summaries() if s.trace_id == trace_id]
+        assert summary.name == "POST"
+
 
 class TestTraceCommand:
     """``stagelens trace`` against a running receiver."""

@@ -30,7 +30,7 @@ from stagelens.reference.trace_receiver import TraceReceiver
 
 from stagelens import semconv as sc
 from stagelens.telemetry import Telemetry
-from stagelens.views.traces import DEFAULT_TRACE_SOURCE, SpanRecord
+from stagelens.views.traces import DEFAULT_TRACE_SOURCE, SpanRecord, local_roots
 from stagelens.views.waterfall import build, format_ms, render_text
 
 DEFAULT_TRACE_PORT: Final = int(urlsplit(DEFAULT_TRACE_SOURCE).port or 4318)
@@ -143,7 +143,7 @@ class DemoTraces:
         store = self.receiver.store
         for summary in store.summaries("slowest", limit=len(store)):
             spans = store.get(summary.trace_id)
-            roots = [s for s in spans if not s.parent_span_id]
+            roots = sorted(local_roots(spans), key=lambda s: s.start_ns)
             if roots and (not thinking or _thought(roots[0])):
                 return spans
         return []

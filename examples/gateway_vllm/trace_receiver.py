@@ -40,6 +40,7 @@ from stagelens.views.traces import (
     AttributeValue,
     SpanRecord,
     TraceSummary,
+    local_roots,
     summarize,
     summary_json,
     to_otlp_json,
@@ -141,9 +142,10 @@ class TraceStore:
         return all_summaries[: max(0, limit)]
 
     def roots(self) -> int:
-        """Traces whose root span (no parent at all) has arrived."""
+        """Traces whose root span (``local_roots``: a request that continued its client's
+        ``traceparent`` has a root whose parent is the client's span) has arrived."""
         with self._lock:
-            return sum(any(not s.parent_span_id for s in spans) for spans in self._traces.values())
+            return sum(bool(local_roots(spans)) for spans in self._traces.values())
 
 
 class _Server(http.server.ThreadingHTTPServer):

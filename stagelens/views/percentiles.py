@@ -108,19 +108,26 @@ def span_samples(spans: Iterable[SpanRecord]) -> dict[tuple[str, str], list[floa
     keys its histograms: (metric name, stage or "").
 
     End to end is each trace's root span (the gateway's server span, which ends with the
-    last byte sent); TTFT is the root's ``stagelens.time_to_first_token``; a stage is each
-    span that names it in ``stagelens.stage``."""
+    last byte sent); TTFT and the time to first answer token are the root's
+    ``stagelens.time_to_first_token`` and ``stagelens.time_to_first_answer_token``; a
+    stage is each span that names it in ``stagelens.stage`` and whose parent does not
+    (the engine phases under the inference span carry its stage for colour, but are not
+    inferences of their own)."""
     samples: dict[tuple[str, str], list[float]] = {}
     for trace in group_by_trace(spans).values():
-        ids = {s.span_id for s in trace}
+        stage_of = {s.span_id: s.attributes.get(sc.ATTR_STAGE) for s in trace}
         for span in trace:
-            stage = span.attributes.get(sc.ATTR_STAGE)
-            if isinstance(stage, str):
+            stage = stage_of[span.span_id]
+            if isinstance(stage, str) and stage_of.get(span.parent_span_id) != stage:
                 samples.setdefault((sc.STAGE_DURATION, stage), []).append(span.duration_ns / 1e9)
-            if span.parent_span_id in ids:
+            if span.parent_span_id in stage_of:
                 continue
             samples.setdefault((sc.REQUEST_DURATION, ""), []).append(span.duration_ns / 1e9)
-            ttft = span.attributes.get(sc.ATTR_TTFT)
-            if isinstance(ttft, int | float) and not isinstance(ttft, bool):
-                samples.setdefault((sc.TIME_TO_FIRST_TOKEN, ""), []).append(float(ttft))
+            for attribute, metric in (
+                (sc.ATTR_TTFT, sc.TIME_TO_FIRST_TOKEN),
+                (sc.ATTR_TTFAT, sc.TIME_TO_FIRST_ANSWER_TOKEN),
+            ):
+                value = span.attributes.get(attribute)
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    samples.setdefault((metric, ""), []).append(float(value))
     return samples

@@ -85,12 +85,18 @@ def group_by_trace(spans: Iterable[SpanRecord]) -> dict[str, list[SpanRecord]]:
     return traces
 
 
-def summarize(spans: Sequence[SpanRecord]) -> TraceSummary:
-    """The summary of one non-empty trace. Its name is the root's (a span whose parent is
-    not in the trace), else the earliest span's."""
+def local_roots(spans: Sequence[SpanRecord]) -> list[SpanRecord]:
+    """The spans of one trace whose parent is not in it: the root this service started,
+    whether it had no parent or continued a caller's ``traceparent`` (whose span lives in
+    the caller's process, never here)."""
     ids = {s.span_id for s in spans}
-    roots = [s for s in spans if s.parent_span_id not in ids]
-    first = min(roots or spans, key=lambda s: (s.start_ns, s.name))
+    return [s for s in spans if s.parent_span_id not in ids]
+
+
+def summarize(spans: Sequence[SpanRecord]) -> TraceSummary:
+    """The summary of one non-empty trace. Its name is the root's (``local_roots``; the
+    earliest, when several), else the earliest span's."""
+    first = min(local_roots(spans) or spans, key=lambda s: (s.start_ns, s.name))
     start = min(s.start_ns for s in spans)
     end = max(s.end_ns for s in spans)
     return TraceSummary(first.trace_id, first.name, start, end - start, len(spans))

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, Request
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -49,6 +50,8 @@ ACME_DAILY_BUDGET_USD = 0.01
 """Small enough that a minute of acme's traffic is on course to spend twice of it in an
 hour (the cost page), large enough to read as a budget (the previews use real ones)."""
 SERVED_MODEL = "tiny"
+REASONING_MODEL = "tiny-think"
+"""Served by the reasoning vLLM: the reasoning panels read its tokens."""
 GPU_PRICE_USD_PER_HOUR = 2.5
 """Per-GPU price the gpu-exporter publishes here; differs from the SLO config default (2.0)."""
 ROUTER_BUDGET_SECONDS = 0.25
@@ -65,23 +68,30 @@ class Gateway(Served):
     """The instrumented gateway, served by uvicorn on a loopback port in a thread.
 
     ``admission_delay`` slows the router stage; ``fail_status`` makes the router answer every
-    request with that status (an all-503 window)."""
+    request with that status (an all-503 window). Requests for ``REASONING_MODEL`` go to
+    ``reasoning_url``. Traces go through the tail sampler to memory: the sampler's
+    decisions reach ``/metrics`` as they do in a traced service."""
 
-    def __init__(self, upstream_url: str) -> None:
+    def __init__(self, upstream_url: str, reasoning_url: str) -> None:
         self.admission_delay = 0.0
         self.fail_status = 0
         self.port = free_port()
         telemetry = stagelens.configure(
             registry=CollectorRegistry(),
             set_global=False,
-            span_exporters=[],
+            span_exporters=[InMemorySpanExporter()],
+            sampler=stagelens.TailSampler(0.1),
             daily_budgets_usd={TINY_BUDGET_TENANT: ACME_DAILY_BUDGET_USD, "big": 1000.0},
             tenants=(TINY_BUDGET_TENANT, "big"),
-            models=(SERVED_MODEL,),
+            models=(SERVED_MODEL, REASONING_MODEL),
             stage_budgets_seconds={"router": ROUTER_BUDGET_SECONDS},
         )
-        client = httpx.AsyncClient(base_url=upstream_url, timeout=60)
-        stagelens.instrument_httpx_client(client, telemetry=telemetry)
+        clients = {
+            SERVED_MODEL: httpx.AsyncClient(base_url=upstream_url, timeout=60),
+            REASONING_MODEL: httpx.AsyncClient(base_url=reasoning_url, timeout=60),
+        }
+        for each in clients.values():
+            stagelens.instrument_httpx_client(each, telemetry=telemetry)
         app = FastAPI()
 
         @app.post("/v1/chat/completions")
@@ -89,8 +99,8 @@ class Gateway(Served):
             body = await request.json()
             state = stagelens.current_request()
             if state is not None:
-                if body.get("model") == SERVED_MODEL:  # the router's model names the series,
-                    state.set_model(SERVED_MODEL)  # also for a request refused before its call
+                if body.get("model") in clients:  # the router's model names the series,
+                    state.set_model(body["model"])  # also for a request refused before its call
                 if body.get("stream"):
                     state.set_streamed()  # a stream refused at admission counts for TTFT
             with stagelens.stage(stagelens.Stage.TOKENIZER):
@@ -99,7 +109,8 @@ class Gateway(Served):
                     body.setdefault("stream_options", {"include_usage": True})
             try:
                 with stagelens.stage(stagelens.Stage.ROUTER):
-                    if body.get("model") != SERVED_MODEL:
+                    client = clients.get(body.get("model", ""))
+                    if client is None:
                         raise stagelens.Rejected(404, "no such model", code="model_not_found")
                     if self.admission_delay:
                         await asyncio.sleep(self.admission_delay)
@@ -146,8 +157,9 @@ PREFIX = "You are a helpful assistant that answers briefly. " * 30
 def send_traffic(
     gateway: Gateway, seconds: float, concurrency: int = 2, *, direct_to: str | None = None
 ) -> int:
-    """Streamed and plain chat requests from two tenants, plus rejections: a 404 from the router
-    (unknown model) and a 401 from the gateway (no tenant); returns the count. With
+    """Streamed and plain chat requests from two tenants (every fifth to the reasoning model,
+    thinking four tokens), plus rejections: a 404 from the router (unknown model) and a 401
+    from the gateway (no tenant); returns the count. With
     ``direct_to`` (a vLLM base URL), every third request goes there instead, past the gateway:
     generated, never billed."""
 
@@ -165,6 +177,9 @@ def send_traffic(
             url = "/v1/chat/completions"
             if direct_to is not None and sent % 3 == 2:
                 url = f"{direct_to}/v1/chat/completions"
+            elif sent % 5 == 3:
+                body["model"] = REASONING_MODEL
+                body["thinking_token_budget"] = 4
             elif sent % 7 == 6:
                 body["model"] = "no-such-model"  # rejected by the router: 404
             elif sent % 11 == 10:
@@ -372,21 +387,25 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(vllm_server: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Gateway + real vLLM + GPU exporters + Prometheus + Alertmanager + webhook sink."""
+def stack(
+    vllm_server: Any, vllm_reasoning_server: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """Gateway + real vLLM (and the reasoning one, behind the gateway and scraped) + GPU
+    exporters + Prometheus + Alertmanager + webhook sink."""
     tmp = tmp_path_factory.mktemp("rules")
     sink = WebhookSink(free_port())
     gpu_port, broken_port = free_port(), free_port()
     break_gpu = tmp / "break-gpu"
     with (
         sink.running(),
-        Gateway(vllm_server.base_url) as gateway,
+        Gateway(vllm_server.base_url, vllm_reasoning_server.base_url) as gateway,
         gpu_exporter(gpu_port),
         gpu_exporter(broken_port, break_when=break_gpu),
     ):
         targets = {
             "gateway": f"127.0.0.1:{gateway.port}",
             "vllm": f"127.0.0.1:{vllm_server.port}",
+            "vllm-think": f"127.0.0.1:{vllm_reasoning_server.port}",
             "gpu": f"127.0.0.1:{gpu_port}",
             "gpu-broken": f"127.0.0.1:{broken_port}",
             DEAD_BACKEND_JOB: f"127.0.0.1:{free_port()}",
@@ -459,10 +478,12 @@ class TestPrometheusEndToEnd:
         assert len(queries) > 60
         rejected = {s["metric"]["stage"] for s in prom.query(sc.REJECTIONS)}
         assert rejected == {"gateway", "router"}, rejected
-        # GPU-time cost per output token is priced from the exporter's per-GPU gauge.
+        # GPU-time cost per output token is priced from the exporter's per-GPU gauge, each
+        # GPU once (both exporters here see the same GPUs).
         cost = next(e for _, t, e, _ in queries if t == "GPU-time cost per output token (fleet)")
         output = f'sum(rate({sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}[20s]))'
-        price = prom.query(f"({concrete(cost)}) * {output} * 3600 / count({sc.GPU_COST_PER_HOUR})")
+        gpus = f"count(count by ({sc.LABEL_UUID}) ({sc.GPU_COST_PER_HOUR}))"
+        price = prom.query(f"({concrete(cost)}) * {output} * 3600 / {gpus}")
         assert float(price[0]["value"][1]) == pytest.approx(GPU_PRICE_USD_PER_HOUR)
         print(
             f"e2e panels: {len(queries)} queries, "
@@ -511,7 +532,8 @@ class TestPrometheusEndToEnd:
             stack.gateway.admission_delay = 0.0
         sink = stack.sink
         p95 = _fast(sink, sc.ALERT_TTFT_P95_HIGH)
-        assert {a["labels"]["model"] for a in p95} == {"tiny"}
+        models = {a["labels"]["model"] for a in p95}  # the delay holds up both models
+        assert SERVED_MODEL in models <= {SERVED_MODEL, REASONING_MODEL}, models
         assert all(a["labels"]["severity"] == "ticket" for a in p95)
         stages = {a["labels"]["stage"] for a in _fast(sink, ar.ALERT_STAGE_OVER_BUDGET)}
         assert "router" in stages
@@ -575,5 +597,5 @@ class TestPrometheusEndToEnd:
         for name in names:
             (alert, *_) = _fast(stack.sink, name)
             assert alert["labels"]["severity"] == "page"
-            assert alert["labels"]["model"] == "tiny"
+            assert alert["labels"]["model"] in (SERVED_MODEL, REASONING_MODEL)
         print("e2e 503 burn:", {k: round(v, 1) for k, v in took.items()})

@@ -158,7 +158,9 @@ def _assert_equal(got: Totals, expected: Totals) -> None:
 def _scrape(metrics_urls: list[str], tenant: str) -> Totals:
     """The Prometheus counters of every replica (its internal metrics port: its workers'
     figures added up), added up as ``sum()`` would."""
-    total: Totals = dict.fromkeys(("requests", "input", "output", "cached_input", "cost"), 0)
+    total: Totals = dict.fromkeys(
+        ("requests", "input", "output", "cached_input", "reasoning", "cost"), 0
+    )
     for url in metrics_urls:
         text = httpx.get(url, timeout=30).text
         for family in text_string_to_metric_families(text):
@@ -183,6 +185,7 @@ def _assert_counters(urls: list[str], tenant: str, expected: Totals) -> Totals:
     assert got["input"] == expected["input_tokens"]
     assert got["output"] == expected["output_tokens"]
     assert got["cached_input"] == expected["cached_input_tokens"]
+    assert got["reasoning"] == 0  # this vLLM runs no reasoning parser: no usage says any
     assert got["cost"] == pytest.approx(expected["cost_usd"], rel=1e-9)
     return got
 

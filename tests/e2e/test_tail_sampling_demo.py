@@ -23,9 +23,10 @@ pytestmark = pytest.mark.vllm
 
 
 async def _timed_traffic(url: str, n: int) -> dict[str, float]:
-    """``n`` sequential requests, streamed and not, of varied lengths, each with a trace id
-    of the client's own (its ``traceparent`` says not sampled, so the gateway's tail
-    sampler decides): seconds each took on the client's clock, by trace id."""
+    """``n`` sequential requests, streamed and not, of varied lengths (the eighth three times
+    the longest of the rest), each with a trace id of the client's own (its ``traceparent``
+    says not sampled, so the gateway's tail sampler decides): seconds each took on the
+    client's clock, by trace id."""
     rng = random.Random(1)
     took: dict[str, float] = {}
     headers = {"authorization": f"Bearer {DEMO_API_KEY}"}
@@ -36,7 +37,10 @@ async def _timed_traffic(url: str, n: int) -> dict[str, float]:
             body = {
                 "model": "tiny" if i % 3 else "tiny-chat",
                 "messages": [{"role": "user", "content": "Where does the time go?"}],
-                "max_tokens": (8, 24, 64)[i % 3],
+                # one request clearly the slowest: a near tie would let the client's clock
+                # and the server's order the top two apart
+                "max_tokens": 192 if i == 7 else (8, 24, 64)[i % 3],
+                "ignore_eos": True,
                 "stream": i % 2 == 0,
             }
             t0 = time.perf_counter()
@@ -90,7 +94,7 @@ def test_the_slowest_request_is_kept_and_shown(
     slowest = max(took, key=took.__getitem__)
     received = otlp_sink.by_trace()
     assert slowest in received
-    assert shown == slowest
+    assert shown == slowest, printed
     assert len(received) == kept < n  # the ratio is 0: fine requests were dropped
     assert line is not None
     assert f"kept {kept} of {n} traces" in line

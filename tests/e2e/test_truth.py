@@ -352,7 +352,18 @@ def service(vllm_server: Any, port_factory: Any) -> Iterator[tuple[Any, Telemetr
         Served(relay_app(cap, vllm_server.base_url), port_factory()) as s,
     ):
         client = sdk_client(f"{s.url}/v1")
-        stream(client, messages=MESSAGES, max_tokens=2)  # warm: connections, first compile
+        # Warm each shape once (connections, first compile, and the SDK's first parse of
+        # a completion's and a tool call's chunk types): the client's clock would otherwise
+        # carry its own first-use cost into the first request of that shape.
+        stream(client, messages=MESSAGES, max_tokens=2)
+        stream(client, prompt="hello", max_tokens=2)
+        stream(
+            client,
+            messages=MESSAGES,
+            max_tokens=8,
+            tools=[TOOL],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
         yield client, cap, vllm_server.base_url
 
 
