@@ -235,9 +235,10 @@ class TestReportPage:
             for s in spans
         )
         assert len(bars) == len(want) >= 11
+        half_a_microsecond = 0.0005 + 1e-9  # printed to the µs; a float's last bit aside
         for (start, end), (want_start, want_end) in zip(bars, want, strict=True):
-            assert abs(start - want_start) <= 0.0005
-            assert abs(end - want_end) <= 0.0005
+            assert abs(start - want_start) <= half_a_microsecond
+            assert abs(end - want_end) <= half_a_microsecond
 
     def test_no_prompt_text_on_the_page(self, report) -> None:
         """The prompts' canary is nowhere in the page."""
