@@ -95,6 +95,9 @@ PROXY = textwrap.dedent(
 
     VARIANT = os.environ["BENCH_VARIANT"]
     ASK_USAGE = not os.environ.get("BENCH_NO_USAGE")
+    if os.environ.get("BENCH_NO_GC"):  # code-path instructions alone (overhead_instructions)
+        import gc
+        gc.disable()
     UPSTREAM = os.environ["BENCH_UPSTREAM"]
     client = httpx.AsyncClient(base_url=UPSTREAM, timeout=30)
     app = FastAPI()
