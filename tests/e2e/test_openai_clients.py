@@ -338,10 +338,28 @@ class TestSyncSDK:
             usage_call = {**_salted(kwargs), "stream": False}
             _assert_stream_usage(stack, kind, kwargs, call(direct, usage_call).usage, billed)
         _check(stack, kind, kwargs, got, want, billed)
+        if kind == "embeddings":
+            _assert_embeddings_span(stack, kwargs, got)
         if kind == "embeddings":  # no tokens generated: no time to first token
             ttft = semconv.TIME_TO_FIRST_TOKEN + "_count"
             for size, _ in prompt_size_classes(stack.capture.telemetry.settings):
                 assert not stack.capture.value(ttft, model="tiny-embed", prompt_size=size)
+
+
+def _assert_embeddings_span(stack: Any, kwargs: dict[str, Any], got: Any) -> None:
+    """The call's GenAI client span: ``embeddings {model}``, a CLIENT span with the
+    operation, the model and the input tokens of vLLM's usage as the client received it."""
+    from opentelemetry.trace import SpanKind
+
+    name = f"{semconv.GEN_AI_OPERATION_EMBEDDINGS} {kwargs['model']}"
+    spans = [s for s in stack.capture.spans() if s.name == name]
+    assert spans, f"no span {name!r}"
+    span = spans[-1]  # the latest: this call's (the direct one passed no gateway)
+    attributes = span.attributes or {}
+    assert span.kind == SpanKind.CLIENT
+    assert attributes[semconv.GEN_AI_OPERATION_NAME] == semconv.GEN_AI_OPERATION_EMBEDDINGS
+    assert attributes[semconv.GEN_AI_REQUEST_MODEL] == kwargs["model"]
+    assert attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] == got.usage.prompt_tokens
 
 
 class TestAsyncSDK:
@@ -382,3 +400,5 @@ class TestAsyncSDK:
         if usage is not None:
             _assert_stream_usage(stack, kind, kwargs, usage, billed)
         _check(stack, kind, kwargs, got, want, billed)
+        if kind == "embeddings":
+            _assert_embeddings_span(stack, kwargs, got)
