@@ -144,41 +144,39 @@ def as_model(expr: str) -> str:
     return f'label_replace({expr}, "{sc.LABEL_MODEL}", "$1", "{sc.VLLM_MODEL_NAME}", "(.*)")'
 
 
+def _sli_rate_pair(
+    grouping: str, selector: str, window: str, requests: str, ratio: str
+) -> list[Rule]:
+    """The SLI's request rate over ``window`` (recorded as ``requests``) and its error
+    ratio (as ``ratio``), both summed by ``grouping`` over the series ``selector`` picks.
+    No error series yet (a model that never failed) reads as 0, not as no data."""
+    errors = f"sum by ({grouping}) (rate({sc.SLI_ERRORS}{selector}[{window}]))"
+    return [
+        {
+            "record": requests,
+            "expr": f"sum by ({grouping}) (rate({sc.SLI_REQUESTS}{selector}[{window}]))",
+        },
+        {"record": ratio, "expr": f"({errors} or 0 * {requests}) / {requests}"},
+    ]
+
+
 def _sli_records(cfg: SloConfig) -> list[Rule]:
     grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI)
     rules: list[Rule] = []
     for window in cfg.burn_windows_used():
-        requests = sli_requests_record(window)
-        errors = f"sum by ({grouping}) (rate({sc.SLI_ERRORS}[{window}]))"
-        rules.append(
-            {
-                "record": requests,
-                "expr": f"sum by ({grouping}) (rate({sc.SLI_REQUESTS}[{window}]))",
-            }
+        rules += _sli_rate_pair(
+            grouping, "", window, sli_requests_record(window), sli_error_ratio_record(window)
         )
-        # No error series yet (a model that never failed) reads as 0, not as no data.
-        rules.append(
-            {
-                "record": sli_error_ratio_record(window),
-                "expr": f"({errors} or 0 * {requests}) / {requests}",
-            }
-        )
+    # TTFT per prompt-size class: the same pair, kept apart by the class label.
     class_grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE)
     ttft = f'{{{sc.LABEL_SLI}="{sc.SLI_TTFT}"}}'
     for window in cfg.burn_windows_used():
-        requests = ttft_class_requests_record(window)
-        errors = f"sum by ({class_grouping}) (rate({sc.SLI_ERRORS}{ttft}[{window}]))"
-        rules.append(
-            {
-                "record": requests,
-                "expr": f"sum by ({class_grouping}) (rate({sc.SLI_REQUESTS}{ttft}[{window}]))",
-            }
-        )
-        rules.append(
-            {
-                "record": ttft_class_error_ratio_record(window),
-                "expr": f"({errors} or 0 * {requests}) / {requests}",
-            }
+        rules += _sli_rate_pair(
+            class_grouping,
+            ttft,
+            window,
+            ttft_class_requests_record(window),
+            ttft_class_error_ratio_record(window),
         )
     if "5m" in cfg.burn_windows_used():
         rules.append(
