@@ -133,3 +133,26 @@ def scripted_upstream() -> Starlette:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def chat_scope(spec_version: str | None = None) -> dict[str, Any]:
+    """The ASGI scope of ``POST /v1/chat/completions``, as a server passes it."""
+    asgi = (
+        {"version": "3.0"}
+        if spec_version is None
+        else {"version": "3.0", "spec_version": spec_version}
+    )
+    return {
+        "type": "http",
+        "asgi": asgi,
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8080),
+    }

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from stagelens import Rejected, semconv
 from stagelens.testing import TRACERS
+from tests._scaffold import chat_scope
 
 BOTH_TRACERS = pytest.mark.parametrize("cap", TRACERS, indirect=True)
 """Run a test once per tracer a capture can record through: span shapes must agree."""
@@ -35,29 +36,6 @@ def _label_values(cap: Any, label: str) -> set[str]:
 
 def _by_name(cap: Any) -> dict[str, Any]:
     return {s.name: s for s in cap.spans()}
-
-
-def _chat_scope(spec_version: str | None = None) -> dict[str, Any]:
-    """The ASGI scope of ``POST /v1/chat/completions``, as a server passes it."""
-    asgi = (
-        {"version": "3.0"}
-        if spec_version is None
-        else {"version": "3.0", "spec_version": spec_version}
-    )
-    return {
-        "type": "http",
-        "asgi": asgi,
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8080),
-    }
 
 
 class TestRequestTraces:
@@ -437,7 +415,7 @@ class TestFailures:
                 if len(received) == 3:
                     gone.set()
 
-        scope = _chat_scope()
+        scope = chat_scope()
         await asyncio.wait_for(app(scope, receive, send), timeout=10)
         assert len(received) < 50
         spans = _by_name(cap)
@@ -469,7 +447,7 @@ class TestFailures:
                     raise ConnectionResetError("client went away")
                 sent.append(message["body"])
 
-        scope = _chat_scope(spec_version="2.4")
+        scope = chat_scope(spec_version="2.4")
         with pytest.raises(ClientDisconnect) as raised:
             await asyncio.wait_for(app(scope, receive, send), timeout=10)
         assert isinstance(raised.value.__context__, OSError)

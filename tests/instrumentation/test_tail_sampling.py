@@ -34,6 +34,7 @@ from starlette.routing import Route
 from stagelens import TailSampler, configure, semconv
 from stagelens.telemetry import Telemetry
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
+from tests._scaffold import chat_scope
 from tests.instrumentation.conftest import ENGINE_METRICS, USAGE, build_proxy, gateway_client
 
 pytestmark = pytest.mark.anyio
@@ -166,21 +167,7 @@ async def _leave_after_three_events(app: Any) -> None:
             if len(received) == 3:
                 gone.set()
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"gw")],
-        "client": ("127.0.0.1", 5000),
-        "server": ("127.0.0.1", 8080),
-    }
-    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    await asyncio.wait_for(app(chat_scope(), receive, send), timeout=10)
 
 
 def _traces(receiver: OtlpReceiver) -> dict[str, list[dict[str, Any]]]:
