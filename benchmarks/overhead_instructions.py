@@ -17,10 +17,10 @@ requests, then is scraped once (``GET /metrics``); the difference divided by the
 difference is the per-request count, with start-up and shutdown cancelled out.
 
 Why the scrape: stagelens folds finished requests into its series in batches of
-``FOLD_EVERY`` (32) and before every collection. Without it, a run of 30 requests folds
-none and a run of 230 folds 224, and binds every series child on its first fold: the
+``FOLD_EVERY`` (128) and before every collection. Without it, a run of 30 requests folds
+none and a run of 230 folds 128, and binds every series child on its first fold: the
 difference then carried that one-time binding (several million instructions, ~40 k per
-request over 200) and 24 extra records' folds. With it, both runs fold all their requests
+request over 200) and the folds of a batch more. With it, both runs fold all their requests
 and bind the same children, and only the per-request fold remains in the difference.
 
 All threads count: the ``stagelens`` variant includes its export worker encoding and
