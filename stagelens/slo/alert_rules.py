@@ -560,7 +560,11 @@ def _silence_alerts(cfg: SloConfig) -> list[Rule]:
                 f"sum by ({model}) "
                 f"(increase({sc.REQUESTS}[{cfg.traffic_baseline_window}] offset 1d))"
                 f" >= {cfg.min_requests}\nunless on ({model})\n"
-                f"sum by ({model}) (rate({sc.REQUESTS}[{cfg.traffic_window}])) > 0"
+                f"sum by ({model}) (rate({sc.REQUESTS}[{cfg.traffic_window}])) > 0\n"
+                # Only while a gateway answers its scrapes: with none up or none scraped,
+                # StagelensGatewayAbsent pages for the same silence (one cause, one page).
+                f"and on ({by(cfg)})\n"
+                f'count by ({by(cfg)}) (up{{job=~"{cfg.gateway_job_regex}"}} == 1)'
             ),
             cfg.traffic_stopped_for,
             "page",

@@ -466,7 +466,8 @@ def _silence_entries(cfg: SloConfig) -> list[Entry]:
                 "night does not alert every night; a model younger than a day is not judged). "
                 "With no requests every SLI is 0/0 and no burn-rate alert can fire: this is "
                 "the page for an outage in front of the gateway (ingress, DNS, auth, a client "
-                "fleet down) while every target is up."
+                "fleet down) while every target is up. It waits while no gateway answers its "
+                "scrapes: StagelensGatewayAbsent pages for that silence, once."
             ),
             impact="Users cannot reach the model at all, or stopped sending to it.",
             promql=(
