@@ -94,8 +94,12 @@ def service(
 
 
 def _one(service: tuple[Any, TelemetryCapture], budget: int) -> tuple[Readings, Thought]:
-    """One request and its readings, retried (twice at most) only when the machine
-    stalled between the client's send and the service's receipt (as test_truth's)."""
+    """One request and its readings, retried (twice at most) only when the client's time
+    to its first token or first answer token exceeds the service's by more than the bound
+    (as test_truth's ``_one``): what the client's clock holds beyond the service's is the
+    time before the receipt and after the send, longer than the bound only when this
+    shared machine did not schedule one end in between. A reading longer than the
+    client's is never retried: one that is wrong is wrong in every attempt."""
     client, cap = service
     for _ in range(3):
         _quiet(cap)
@@ -103,10 +107,23 @@ def _one(service: tuple[Any, TelemetryCapture], budget: int) -> tuple[Readings, 
         seen = think(client, budget)
         time.sleep(0.05)
         readings = Readings(cap, before, seen.id)
-        if readings.root.start_time - seen.wall_started <= TTFT_BOUND * 1e9:
+        if not _stalled(readings, seen):
             break
         time.sleep(0.5)
     return readings, seen
+
+
+def _stalled(readings: Readings, seen: Thought) -> bool:
+    """The client's TTFT or TTFAT exceeds the service's by more than the bound."""
+    if seen.first_output is None or seen.first_answer is None:
+        return False
+    ttft = readings.root.attributes.get(sc.ATTR_TTFT)
+    ttfat = readings.root.attributes.get(sc.ATTR_TTFAT)
+    if not (isinstance(ttft, float) and isinstance(ttfat, float)):
+        return False  # a reading missing is wrong in every attempt
+    return (seen.first_output - seen.started) - ttft > TTFT_BOUND or (
+        seen.first_answer - seen.started
+    ) - ttfat > TTFT_BOUND
 
 
 @pytest.mark.parametrize("budget", [3, 7])
