@@ -22,8 +22,8 @@ from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from stagelens.instrumentation._span_errors import record_failure
-from stagelens.instrumentation._suppress import instrumentation_enabled
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
@@ -110,7 +110,7 @@ class stage:
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
-        if not instrumentation_enabled():
+        if not is_instrumentation_enabled():
             # Suppressed (opentelemetry.instrumentation.utils.suppress_instrumentation()):
             # no span and no metric, as contrib instrumentors do; the block just runs.
             self._state = self._telemetry = None
