@@ -76,6 +76,8 @@ _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
 _EMPTY_STATE: Final = TraceState()
 _UNSET: Final = Status(StatusCode.UNSET)
+_SPAN_KEY: Final = _compat.span_key()
+_current_context: Final = _compat.current_context_getter()
 
 Batch = Sequence["RecordedSpan"]
 Sink = Callable[[Batch], bool]
@@ -357,7 +359,10 @@ class DeferredTracer(trace.Tracer):
         set_status_on_exception: bool = True,
     ) -> trace.Span:
         provider = self._provider
-        parent = trace.get_current_span(context)
+        ctx = context if context is not None else _current_context()
+        found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+        # A local parent is found with one lookup; anything else as the API finds it.
+        parent = found if type(found) is RecordedSpan else trace.get_current_span(ctx)
         extra: Attributes = None
         if isinstance(parent, RecordedSpan):
             # A local parent that was sampled: its children are, as with parent-based

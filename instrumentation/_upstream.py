@@ -30,7 +30,12 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._events import EventReader
-from stagelens.instrumentation._headers import add_upstream_headers
+from stagelens.instrumentation._headers import (
+    CONTENT_TYPE_KEY,
+    REQUEST_ID_KEY,
+    add_upstream_headers,
+    header_value,
+)
 from stagelens.instrumentation._span_errors import record_failure
 
 from stagelens import _compat
@@ -179,10 +184,10 @@ class _UpstreamCall(EventReader):
         elif self._inference is not None:
             self._inference.ok = True  # answered: the model it named is served
         if status < 400 and self._asked_usage:
-            content_type = response.headers.get("content-type", "")
+            content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
         if self.span.is_recording():
-            vllm_id = response.headers.get(sc.HEADER_REQUEST_ID)
+            vllm_id = header_value(response.headers, REQUEST_ID_KEY)
             if vllm_id:
                 self.span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
             if status >= 400:

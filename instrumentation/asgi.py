@@ -26,12 +26,12 @@ from typing import Any
 
 from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
 from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from stagelens.instrumentation import _fastapi_builtin, _outcome
 from stagelens.instrumentation._header_logs import quiet_propagator_logs
 from stagelens.instrumentation._span_errors import record_failure
+from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation.hooks import Rejected, bill, stage
 
 from stagelens import _compat, tail_sampling
@@ -154,7 +154,7 @@ class StageLensMiddleware:
         if self._metrics_app is not None and path == self.metrics_path:
             await self._metrics_app(scope, receive, send)
             return
-        if path in self._excluded or not is_http_instrumentation_enabled():
+        if path in self._excluded or not http_instrumentation_enabled():
             await self.app(scope, receive, send)
             return
         await _RequestTracker(self, scope).run(receive, send)

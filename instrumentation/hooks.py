@@ -22,8 +22,8 @@ from typing import Any, Final, ParamSpec, TypeVar, overload
 
 from opentelemetry import context, trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from stagelens.instrumentation._span_errors import record_failure
+from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
 from stagelens.pricing import Usage
@@ -110,7 +110,8 @@ class stage:
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
-        if not is_instrumentation_enabled():
+        ctx = current_context()
+        if not instrumentation_enabled_in(ctx):
             # Suppressed (opentelemetry.instrumentation.utils.suppress_instrumentation()):
             # no span and no metric, as contrib instrumentors do; the block just runs.
             self._state = self._telemetry = None
@@ -125,11 +126,13 @@ class stage:
             return self
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
-        span = telemetry.tracer.start_span(self._name, attributes={sc.ATTR_STAGE: self._name})
+        span = telemetry.tracer.start_span(
+            self._name, context=ctx, attributes={sc.ATTR_STAGE: self._name}
+        )
         if self._attributes and span.is_recording():
             span.set_attributes(dict(self._attributes))
         self._span = span
-        self._ctx_token = context.attach(trace.set_span_in_context(span))
+        self._ctx_token = context.attach(trace.set_span_in_context(span, ctx))
         self._t0 = _perf_counter()
         return self
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 from opentelemetry import context, trace
-from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
+from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation._upstream import ClientDisconnected, _UpstreamCall, start_call
 
 from stagelens import _compat
@@ -129,7 +129,7 @@ class _SyncStream(httpx.SyncByteStream):
 def _safe_start(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
     """The call to instrument, or None (not a completion call, instrumentation suppressed,
     or starting it failed: counted, and the request goes on uninstrumented)."""
-    if not is_http_instrumentation_enabled():
+    if not http_instrumentation_enabled():
         return None
     try:
         return start_call(telemetry, request)

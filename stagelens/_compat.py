@@ -16,12 +16,15 @@ section rather than reading them where it uses them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, runtime_checkable
 
 from stagelens._plain import plain
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
+    from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.sdk.metrics.export import AggregationTemporality, MetricExporter
     from opentelemetry.sdk.metrics.view import Aggregation
     from opentelemetry.sdk.trace.export import SpanExporter
@@ -194,6 +197,60 @@ class SyncGauge(Protocol):
     ) -> None: ...
 
 
+def composite_parts(textmap: object) -> Sequence[TextMapPropagator] | None:
+    """The propagators of the API's ``CompositePropagator``, in order, or None (any other
+    propagator, or a release where they moved): the public fallback is to call the
+    composite itself (``propagate.inject``).
+
+    Private: ``CompositePropagator._propagators``. Read by the upstream instrumentation to
+    recognise the default W3C pair and format ``traceparent`` itself.
+    """
+    from opentelemetry.propagators.composite import CompositePropagator
+
+    if plain("context_headers"):
+        return None
+    if type(textmap) is not CompositePropagator:
+        return None
+    parts = getattr(textmap, "_propagators", None)
+    return parts if isinstance(parts, list | tuple) else None
+
+
+def current_context_getter() -> Callable[[], Context]:
+    """``opentelemetry.context.get_current``, as one C call where the runtime context is
+    the API's default (``ContextVarsRuntimeContext``): the bound ``get`` of its ContextVar.
+    Any other runtime context (``OTEL_PYTHON_CONTEXT``): ``get_current`` itself.
+
+    Private: ``opentelemetry.context._RUNTIME_CONTEXT`` and its ``_current_context``.
+    ``get_current`` is two Python calls around that ``get``; a request reads the current
+    context about ten times (each ``stage()``, each suppression check, each span start).
+    """
+    from opentelemetry import context
+    from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+
+    runtime = getattr(context, "_RUNTIME_CONTEXT", None)
+    if type(runtime) is ContextVarsRuntimeContext and not plain("context_headers"):
+        var = getattr(runtime, "_current_context", None)
+        if isinstance(var, ContextVar):
+            getter: Callable[[], Context] = var.get
+            return getter
+    return context.get_current
+
+
+def span_key() -> str | None:
+    """The context key under which the API keeps the current span, or None where these
+    versions keep it elsewhere (``trace.get_current_span`` is used then).
+
+    Private: ``opentelemetry.trace.propagation._SPAN_KEY``. Read by the deferred tracer,
+    which starts every span of a request from its parent: ``get_current_span`` takes two
+    Python calls and an ``isinstance`` against the abstract ``Span`` (an ABC check) for
+    what one ``Context.get`` finds.
+    """
+    from opentelemetry.trace import propagation
+
+    key = getattr(propagation, "_SPAN_KEY", None)
+    return key if isinstance(key, str) and not plain("context_headers") else None
+
+
 # --- httpx / httpcore ------------------------------------------------------------------
 # Tested with httpx 0.28.1 and httpcore 1.0.9 (pyproject: httpx>=0.28.1). Private names:
 # - ``Client._transport`` / ``AsyncClient._transport``: the client's default transport.
@@ -202,11 +259,28 @@ class SyncGauge(Protocol):
 # - ``Client._mounts`` / ``AsyncClient._mounts``: {URL pattern: transport or None}, the
 #   transports of proxies (``HTTP(S)_PROXY``, ``proxy=``) and of ``mounts=``. Fallback:
 #   none; without it only the default transport is instrumented.
+# - ``Headers._list``: the (raw name, lower-cased name, value) entries of a header set.
+#   Fallback: the public mapping API (same result, tested).
 # - ``Request._content``: the body ``Request.content`` returns, set beside ``Request.stream``
 #   when the upstream instrumentation asks a stream for its usage event (httpx has no
 #   public way to replace a built request's body). Fallback: none needed; written as
 #   ``Request.read()`` writes it.
+# And of opentelemetry-api (1.45.2) and opentelemetry-instrumentation (0.66b2), used by the
+# same instrumentation (and by ``stage()`` and the middleware for suppression):
+# - ``CompositePropagator._propagators``: see ``composite_parts`` above.
+# - ``opentelemetry.trace.propagation._SPAN_KEY``: see ``span_key`` above.
+# - ``opentelemetry.context._RUNTIME_CONTEXT._current_context``: see
+#   ``current_context_getter`` above.
+# - ``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY``,
+#   ``_SUPPRESS_HTTP_INSTRUMENTATION_KEY`` and ``opentelemetry.instrumentation.utils.
+#   _SUPPRESS_INSTRUMENTATION_KEY_PLAIN``: the context keys ``suppress_instrumentation()``
+#   and ``suppress_http_instrumentation()`` set, read from one context lookup (the public
+#   ``is_instrumentation_enabled()`` makes one per key, and a request checks seven
+#   times). Fallback: those public functions (same answer, tested).
+
 HTTPX_TESTED: Final = "0.28.1"
+_PLAIN_HEADERS: Final = plain("context_headers")
+"""``header_entries`` runs per request: the switch is read once."""
 HTTPCORE_TESTED: Final = "1.0.9"
 
 
@@ -235,6 +309,32 @@ def set_request_body(request: Any, body: bytes) -> None:
     request.stream = httpx.ByteStream(body)
     request._content = body
     request.headers["Content-Length"] = str(len(body))
+
+
+def header_entries(headers: Any) -> list[tuple[bytes, bytes, bytes]] | None:
+    """httpx's (raw name, lower-cased name, value) entries of ``headers``, the list itself;
+    None where it is not as expected (the public API is used then)."""
+    entries = getattr(headers, "_list", None)
+    if _PLAIN_HEADERS or type(entries) is not list or (entries and len(entries[0]) != 3):
+        return None
+    return entries
+
+
+def suppression_keys() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(the context keys that suppress all instrumentation, those that suppress HTTP
+    instrumentation), as ``opentelemetry.instrumentation.utils`` reads them; None when
+    these versions keep them elsewhere."""
+    from opentelemetry import context
+    from opentelemetry.instrumentation import utils
+
+    every = getattr(context, "_SUPPRESS_INSTRUMENTATION_KEY", None)
+    http = getattr(context, "_SUPPRESS_HTTP_INSTRUMENTATION_KEY", None)
+    bare = getattr(utils, "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN", None)
+    if not (isinstance(every, str) and isinstance(http, str) and isinstance(bare, str)):
+        return None  # pragma: no cover - depends on the installed versions
+    if plain("context_headers"):
+        return None
+    return (every, bare), (every, bare, http)
 
 
 # --- fastapi -----------------------------------------------------------------------------

@@ -30,6 +30,11 @@ SHORTCUTS: Final = {
     "storage (stagelens/_compat.py histogram_storage, counter_storage)",
     "otlp_caches": "the encoded bytes of span names, attribute keys and recurring "
     "attribute pairs cached (exporters/otlp_encode.py)",
+    "context_headers": "the current context and span read from the API's context variable "
+    "(stagelens/_compat.py current_context_getter, span_key, suppression_keys), and the "
+    "upstream call's headers read and written through httpx's entry list with traceparent "
+    "formatted, not through the public APIs (instrumentation/_headers.py); one shortcut, "
+    "measured as one",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
     "one by one (stagelens/_series.py FastHistogram.observe_many)",
 }

@@ -16,6 +16,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from functools import partial
 from math import inf, isnan
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from stagelens._instruments import Instruments
 
 _BUCKET_RUNS = not plain("bucket_runs")
+_VALUE = itemgetter(0)
 _Child = Any  # prometheus_client label children are untyped in its public API
 
 
@@ -145,6 +147,8 @@ class FastHistogram:
         total = sum(values)
         if total != total:  # a NaN among them (or infinities of both signs): leave NaN out
             values = [value for value in values if not isnan(value)]
+            if exemplars:  # (a NaN lands in no bucket, so it names none)
+                exemplars = [pair for pair in exemplars if not isnan(pair[0])]
             if not values:
                 return
             total = sum(values)
@@ -175,8 +179,9 @@ class FastHistogram:
     def _keep_latest(self, exemplars: Candidates) -> None:
         """Set each touched bucket's exemplar to its latest candidate: a bisect per
         candidate, one exemplar written per bucket."""
-        index = self._index
-        latest = {index(value): (value, ref) for value, ref in exemplars if value == value}
+        # Bucket index -> its candidate; dict() keeps the last one per key, so the latest
+        # wins, as it does with observe(). No NaN here: observe_many left them out.
+        latest = dict(zip(map(self._index, map(_VALUE, exemplars)), exemplars, strict=True))
         buckets = self._exemplars
         assert buckets is not None
         for at, (value, ref) in latest.items():

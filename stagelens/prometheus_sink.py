@@ -13,8 +13,8 @@ from __future__ import annotations
 import weakref
 from collections import Counter as Tally
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, groupby
 from operator import attrgetter
 from typing import Any, Final, TypeVar
 
@@ -37,21 +37,18 @@ _Exemplars = defaultdict[FastHistogram, Candidates]
 
 
 _Item = TypeVar("_Item")
-_Key = TypeVar("_Key")
 _MODEL: Final = attrgetter("model")
 _CODE: Final = attrgetter("code")
 _TENANT: Final = attrgetter("tenant")
 _PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 
-def _grouped(
-    items: Sequence[_Item], key: Callable[[_Item], _Key]
-) -> Iterable[tuple[_Key, list[_Item]]]:
-    """``items`` by their ``key``: each value with its items, in their order."""
-    groups: dict[_Key, list[_Item]] = {}
-    for item in items:
-        groups.setdefault(key(item), []).append(item)
-    return groups.items()
+def _grouped(items: Sequence[_Item], key: Callable[[_Item], str]) -> list[tuple[str, list[_Item]]]:
+    """``items`` by their ``key``: each value (in sorted order) with its items, in their
+    order. Why sorted and grouped: a batch is nearly always one model, one status code,
+    one prompt class and one tenant, and a run of equal keys is sorted (stably) and
+    grouped in one pass in C, with no Python step per item."""
+    return [(value, list(group)) for value, group in groupby(sorted(items, key=key), key)]
 
 
 def _check(observed: _Observed) -> None:
@@ -143,19 +140,38 @@ class PrometheusSink:
     ) -> None:
         """``_collect`` for the records of one ``model``."""
         series = self._instruments.for_model(model)
+        keep = self._keep_exemplars
+        # Exemplar candidates field by field, as the values: in each series' own order of
+        # the requests' ends, only from sampled requests (``exemplar`` set).
         for code, mine in _grouped(records, _CODE):
             request_duration, requests = series.outcome(code)
             observed[request_duration] += [r.duration for r in mine]
             added[requests] += len(mine)
+            if keep:
+                kept[request_duration] += [
+                    (r.duration, r.exemplar) for r in mine if r.exemplar is not None
+                ]
         answered = [r for r in records if r.ttft is not None]
         for size, mine in _grouped(answered, _PROMPT_SIZE):
-            observed[series.ttft(size)] += [r.ttft for r in mine if r.ttft is not None]
+            ttft = series.ttft(size)
+            observed[ttft] += [r.ttft for r in mine if r.ttft is not None]
+            if keep:
+                kept[ttft] += [
+                    (r.ttft, r.exemplar)
+                    for r in mine
+                    if r.exemplar is not None and r.ttft is not None
+                ]
         ttfats = [r.ttfat for r in records if r.ttfat is not None]
         if ttfats:
             observed[series.ttfat()] += ttfats
         gaps = list(chain.from_iterable([r.gaps for r in records]))
         if gaps:
-            observed[series.itl()] += gaps
+            itl = series.itl()
+            observed[itl] += gaps
+            if keep:  # each sampled request's worst gap: a stall leads to its trace
+                kept[itl] += [
+                    (max(r.gaps), r.exemplar) for r in records if r.exemplar is not None and r.gaps
+                ]
         upstream_ttfts = [r.upstream_ttft for r in records if r.upstream_ttft is not None]
         if upstream_ttfts:
             observed[series.upstream_ttft()] += upstream_ttfts
@@ -163,7 +179,6 @@ class PrometheusSink:
         stages: defaultdict[str, list[float]] = defaultdict(list)
         phases: defaultdict[str, list[float]] = defaultdict(list)
         stage_candidates: defaultdict[str, Candidates] = defaultdict(list)
-        keep = self._keep_exemplars
         for record in records:
             for name, seconds in record.stages:
                 stages[name].append(seconds)
@@ -175,12 +190,7 @@ class PrometheusSink:
             if record.unmetered is not None:
                 added[series.unmetered(record.unmetered)] += 1
             ref = record.exemplar
-            if ref is not None and keep:  # sampled: its TTFT, duration, stages may be kept
-                kept[series.outcome(record.code)[0]].append((record.duration, ref))
-                if record.ttft is not None:
-                    kept[series.ttft(record.prompt_size)].append((record.ttft, ref))
-                if record.gaps:  # its worst gap: a stall on the heatmap leads to its trace
-                    kept[series.itl()].append((max(record.gaps), ref))
+            if ref is not None and keep:  # sampled: its stage times may be kept
                 for name, seconds in record.stages:
                     stage_candidates[name].append((seconds, ref))
         for name, values in stages.items():

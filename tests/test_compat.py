@@ -15,7 +15,7 @@ import pytest
 import tomllib
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from opentelemetry import trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.metrics import NoOpMeter
@@ -28,6 +28,7 @@ from opentelemetry.sdk.metrics.export import (
     PeriodicExportingMetricReader,
 )
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from prometheus_client import CollectorRegistry, Counter, Histogram, values
@@ -347,6 +348,28 @@ def test_gauges_match_the_protocol_stagelens_types_them_with() -> None:
     sdk.set(1.0, {"a": "b"})
 
 
+def test_composite_parts_are_the_default_pair_and_inject_as_the_composite() -> None:
+    """The default global propagator's parts are found (W3C trace context, then baggage);
+    injecting through them gives the carrier the composite itself (the fallback) gives."""
+    textmap = propagate.get_global_textmap()
+    parts = _compat.composite_parts(textmap)
+    assert parts is not None
+    assert [type(p).__name__ for p in parts] == [
+        "TraceContextTextMapPropagator",
+        "W3CBaggagePropagator",
+    ]
+    with TracerProvider().get_tracer("t").start_as_current_span("s"):
+        ctx = baggage.set_baggage("k", "v")
+        by_parts: dict[str, str] = {}
+        for part in parts:
+            part.inject(by_parts, ctx)
+        by_composite: dict[str, str] = {}
+        textmap.inject(by_composite, ctx)
+    assert by_parts == by_composite
+    assert set(by_parts) == {"traceparent", "baggage"}
+    assert _compat.composite_parts(parts[0]) is None
+
+
 def test_the_env_sampler_is_the_sdks(monkeypatch) -> None:
     """The deferred provider samples as ``OTEL_TRACES_SAMPLER[_ARG]`` say, read through the
     SDK's public provider (no private reader)."""
@@ -382,3 +405,38 @@ def test_lower_bounds_are_the_tested_versions() -> None:
         "opentelemetry-exporter-otlp-proto-http",
     ):
         assert _lower_bound(by_name[name]) == _compat.OPENTELEMETRY_TESTED, name
+
+
+def test_the_span_key_finds_what_get_current_span_finds() -> None:
+    """The current span read from the context by its key is the one the public
+    ``get_current_span`` returns, given a context or not; none set, the key finds None."""
+    from opentelemetry import context as otel_context
+
+    key = _compat.span_key()
+    assert key is not None
+    assert otel_context.get_current().get(key) is None
+    with TracerProvider().get_tracer("t").start_as_current_span("s") as span:
+        assert otel_context.get_current().get(key) is span is trace.get_current_span()
+        inner = trace.NonRecordingSpan(span.get_span_context())
+        ctx = trace.set_span_in_context(inner)
+        assert ctx.get(key) is inner is trace.get_current_span(ctx)
+
+
+def test_the_current_context_getter_is_get_current() -> None:
+    """The one-call reader of the current context is the ContextVar's ``get`` with the
+    API's default runtime context, and returns what ``get_current`` returns, inside an
+    attached context and outside it."""
+    from contextvars import ContextVar
+
+    from opentelemetry import context as otel_context
+
+    getter = _compat.current_context_getter()
+    assert isinstance(getattr(getter, "__self__", None), ContextVar)
+    assert getter() is otel_context.get_current()
+    token = otel_context.attach(otel_context.set_value("k", "v"))
+    try:
+        assert getter() is otel_context.get_current()
+        assert getter().get("k") == "v"
+    finally:
+        otel_context.detach(token)
+    assert getter() is otel_context.get_current()

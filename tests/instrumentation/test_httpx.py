@@ -335,6 +335,38 @@ def test_several_choices_keep_every_finish_reason() -> None:
     assert call._usage.output_tokens == 6
 
 
+@pytest.mark.parametrize(
+    "existing",
+    [
+        {},
+        {"Traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+        {"X-Request-ID": "from-the-app", "Accept": "text/event-stream"},
+        [("baggage", "a=b"), ("Baggage", "c=d"), ("x-custom", "1")],
+    ],
+    ids=["none", "traceparent-present", "request-id-present", "repeated-name"],
+)
+def test_headers_added_as_the_public_api_would(existing: Any) -> None:
+    """The fast header path (httpx's entry list) leaves exactly the headers that
+    ``headers[name] = value`` would, present names replaced, others appended."""
+    from stagelens.instrumentation._headers import _add_headers, _header_names
+
+    added = {
+        "traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01",
+        sc.HEADER_REQUEST_ID: "f" * 32,
+        "baggage": "k=v",
+        "x-note": "naïve",  # not ASCII: through the public API
+    }
+    fast = httpx.Request("POST", "http://upstream/v1/chat/completions", headers=existing)
+    public = httpx.Request("POST", "http://upstream/v1/chat/completions", headers=existing)
+    present = _header_names(fast.headers)
+    assert present is not None  # the fast path is taken, not the fallback
+    _add_headers(fast.headers, added, present)
+    for name, value in added.items():
+        public.headers[name] = value
+    assert fast.headers.raw == public.headers.raw
+    assert fast.headers.multi_items() == public.headers.multi_items()
+
+
 def _content_only(n: int = 40) -> bytes:
     """``n`` content events and no last event (no finish reason, no usage)."""
     event = {
@@ -392,13 +424,51 @@ def test_loads_is_json_loads() -> None:
         assert errors[0] is errors[1], bad
 
 
-def test_upstream_headers_come_from_the_configured_propagators() -> None:
-    """A propagator set other than the default W3C pair is called as it is."""
-    from opentelemetry import propagate, trace
+@pytest.mark.parametrize("sampled", [True, False], ids=["sampled", "not-sampled"])
+@pytest.mark.parametrize("trace_state", [True, False], ids=["tracestate", "no-tracestate"])
+@pytest.mark.parametrize("with_baggage", [True, False], ids=["baggage", "no-baggage"])
+def test_inject_is_propagate_inject(sampled: bool, trace_state: bool, with_baggage: bool) -> None:
+    """The written-out default propagation sets exactly what ``propagate.inject`` sets,
+    from an explicit context or the current one, and nothing without a span."""
+    from opentelemetry import baggage, context, propagate, trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+    from stagelens.instrumentation._headers import _inject, _w3c_default
+
+    assert _w3c_default(propagate.get_global_textmap()) is not None  # the fast path runs
+    span = NonRecordingSpan(
+        SpanContext(
+            0x0AF7651916CD43DD8448EB211C80319C,
+            0x00F067AA0BA902B7,
+            False,
+            TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+            TraceState([("vendor", "v1"), ("other", "x")]) if trace_state else TraceState(),
+        )
+    )
+    ctx = trace.set_span_in_context(span)
+    if with_baggage:
+        ctx = baggage.set_baggage("user id", "a b,c", ctx)
+    empty = context.Context()
+    for given in (ctx, None, empty):
+        token = context.attach(ctx)
+        try:
+            fast: dict[str, str] = {}
+            slow: dict[str, str] = {}
+            _inject(fast, given)
+            propagate.inject(slow, context=given)
+        finally:
+            context.detach(token)
+        assert fast == slow
+        # the span's context (given, or current) is propagated; an empty context has none
+        assert bool(fast) is (given is not empty)
+
+
+def test_inject_calls_other_propagators_as_they_are() -> None:
+    """A propagator set other than the default W3C pair is called, not imitated."""
+    from opentelemetry import propagate
     from opentelemetry.propagators.composite import CompositePropagator
     from opentelemetry.propagators.textmap import TextMapPropagator
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from stagelens.instrumentation._headers import add_upstream_headers
+    from stagelens.instrumentation._headers import _inject
 
     class Custom(TextMapPropagator):
         def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
@@ -414,12 +484,11 @@ def test_upstream_headers_come_from_the_configured_propagators() -> None:
     default = propagate.get_global_textmap()
     propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator(), Custom()]))
     try:
-        request = httpx.Request("POST", "http://upstream/v1/chat/completions")
-        assert add_upstream_headers(request, trace.INVALID_SPAN, recording=False) is None
-        assert request.headers.get("x-custom") == "1"
-        assert "traceparent" not in request.headers  # no current span: no traceparent
+        carrier: dict[str, str] = {}
+        _inject(carrier, None)
+        assert carrier == {"x-custom": "1"}  # no current span: no traceparent
     finally:
         propagate.set_global_textmap(default)
-    request = httpx.Request("POST", "http://upstream/v1/chat/completions")
-    add_upstream_headers(request, trace.INVALID_SPAN, recording=False)
-    assert "x-custom" not in request.headers
+    carrier = {}
+    _inject(carrier, None)
+    assert carrier == {}

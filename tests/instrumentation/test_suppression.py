@@ -141,3 +141,38 @@ class TestMiddleware:
             assert cap.value(sc.REQUESTS, model="tiny", code="200") is None
             await gateway.post("/v1/chat/completions", json=BODY)  # unsuppressed: recorded
         assert cap.value(sc.REQUESTS, model="tiny", code="200") == 1
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["", "plain-key"])
+@pytest.mark.parametrize("every", [False, True], ids=["", "all"])
+@pytest.mark.parametrize("http", [False, True], ids=["", "http"])
+def test_one_lookup_reads_what_the_public_functions_read(
+    plain: bool, every: bool, http: bool
+) -> None:
+    """The suppression keys are read where ``stagelens._compat`` says (the one-lookup
+    readers are active) and answer as ``is_(http_)instrumentation_enabled()`` do, for
+    every combination of keys set."""
+    from opentelemetry import context
+    from opentelemetry.instrumentation.utils import (
+        is_http_instrumentation_enabled,
+        is_instrumentation_enabled,
+    )
+    from stagelens.instrumentation import _suppress
+
+    from stagelens import _compat
+
+    keys = _compat.suppression_keys()
+    assert keys is not None
+    (every_key, plain_key), (*_, http_key) = keys
+    assert _suppress.http_instrumentation_enabled is not is_http_instrumentation_enabled
+    ctx = context.get_current()
+    for key, on in ((every_key, every), (plain_key, plain), (http_key, http)):
+        if on:
+            ctx = context.set_value(key, True, ctx)
+    token = context.attach(ctx)
+    try:
+        assert _suppress.instrumentation_enabled() is is_instrumentation_enabled()
+        assert _suppress.http_instrumentation_enabled() is is_http_instrumentation_enabled()
+        assert is_http_instrumentation_enabled() is not (every or plain or http)
+    finally:
+        context.detach(token)
