@@ -362,10 +362,13 @@ class _RequestTracker:
         if _reports_departure_by_send(self._scope):
             send = _noting_departure(send, state)
 
-        async def wrapped_send(message: Message) -> None:
+        def wrapped_send(message: Message) -> Awaitable[None]:
             # The hot path of a stream: a timestamp per body with bytes, and no look at
             # the bytes. Every message is passed on as it came, once, in its order; TTFT
             # and the inter-token gaps are worked out when the request ends.
+            # Not a coroutine itself: it notes the message when called (an ASGI app awaits
+            # ``send(message)`` at once) and returns the server's own awaitable, so no
+            # coroutine of ours is created and stepped per message.
             if message.get("body"):  # a body message with bytes (only those carry "body")
                 times.append(perf_counter())
                 self._last_body = message
@@ -381,7 +384,7 @@ class _RequestTracker:
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
                         self._sse = value.startswith(b"text/event-stream")
-            await send(message)
+            return send(message)
 
         return wrapped_send
 
