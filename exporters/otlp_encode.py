@@ -79,6 +79,16 @@ told by identity, it is encoded without asking its length."""
 UNSET_STATUS: Final = Status(StatusCode.UNSET)
 """The status every recorded span starts with (``exporters/deferred``): told by identity,
 it is encoded without reading its code."""
+_lengths: dict[int, bytes] = {}
+"""Varint lengths of 128 bytes and more, encoded once per length (a trace's spans come in
+a few recurring sizes)."""
+
+
+def _length(n: int) -> bytes:
+    """``_varint(n)`` from ``_lengths`` (a cache of the ``otlp_caches`` shortcut)."""
+    return _lengths.get(n) or _remember(_lengths, n, _varint(n))
+
+
 _names: dict[str, bytes] = {}
 """Span.name = 5 fields, encoded once per name (stage names repeat in every trace)."""
 
@@ -131,7 +141,7 @@ def _span(span: RecordedSpan) -> bytes:
         )
     )
     n = len(body)
-    return b"\x12" + (bytes((n,)) if n < 0x80 else _varint(n)) + body
+    return b"\x12" + (bytes((n,)) if n < 0x80 else _length(n)) + body
 
 
 def _events(events: Sequence[tuple[str, Mapping[str, Any], int]]) -> bytes:
@@ -241,7 +251,7 @@ def _str(tag: bytes, text: str | None) -> bytes:
 def _ld(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field."""
     n = len(payload)
-    return tag + (bytes((n,)) if n < 0x80 else _varint(n)) + payload
+    return tag + (bytes((n,)) if n < 0x80 else _length(n)) + payload
 
 
 def _varint(n: int) -> bytes:

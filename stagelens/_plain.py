@@ -28,7 +28,7 @@ SHORTCUTS: Final = {
     "output_fast, used by EventReader._read_events)",
     "series_storage": "histogram and counter children written through their value "
     "storage (stagelens/_compat.py histogram_storage, counter_storage)",
-    "otlp_caches": "the encoded bytes of span names, attribute keys and recurring "
+    "otlp_caches": "the encoded bytes of span names, attribute keys, lengths and recurring "
     "attribute pairs cached (exporters/otlp_encode.py)",
     "context_headers": "the current context and span read from the API's context variable "
     "(stagelens/_compat.py current_context_getter, span_key, suppression_keys), and the "
