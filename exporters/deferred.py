@@ -55,7 +55,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 from opentelemetry.util.types import Attributes, AttributeValue
-from stagelens.exporters.otlp_encode import EMPTY_TRACE_STATE, UNSET_STATUS, encode_request
+from stagelens.exporters.otlp_encode import encode_request
 
 from stagelens import _compat, semconv
 from stagelens.tail_sampling import PendingTrace, TailSampler, sampler_from_env
@@ -75,8 +75,8 @@ MAX_ATTRIBUTES: Final = 128
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
-_EMPTY_STATE: Final = EMPTY_TRACE_STATE
-_UNSET: Final = UNSET_STATUS
+_EMPTY_STATE: Final = TraceState()
+_UNSET: Final = Status(StatusCode.UNSET)
 _SPAN_KEY: Final = _compat.span_key()
 _current_context: Final = _compat.current_context_getter()
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceState
+from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from stagelens._plain import plain
 
@@ -70,15 +70,6 @@ def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:
 
 _KIND: Final = {kind: b"\x30" + bytes((kind.value + 1,)) for kind in SpanKind}
 """Span.kind = 6, per kind (the proto enum starts at UNSPECIFIED)."""
-_INTERNAL: Final = SpanKind.INTERNAL
-_KIND_INTERNAL: Final = _KIND[_INTERNAL]
-
-EMPTY_TRACE_STATE: Final = TraceState()
-"""The empty trace state every recorded span without one shares (``exporters/deferred``):
-told by identity, it is encoded without asking its length."""
-UNSET_STATUS: Final = Status(StatusCode.UNSET)
-"""The status every recorded span starts with (``exporters/deferred``): told by identity,
-it is encoded without reading its code."""
 _lengths: dict[int, bytes] = {}
 """Varint lengths of 128 bytes and more, encoded once per length (a trace's spans come in
 a few recurring sizes)."""
@@ -105,9 +96,7 @@ def _span(span: RecordedSpan) -> bytes:
     state = span._trace_state
     attributes = span._attributes
     status = span._status
-    # Identity first (most spans keep the shared initial status and trace state, and the
-    # enum is hashed in Python): the same fields as reading each, one attribute read less.
-    code = StatusCode.UNSET if status is UNSET_STATUS else status.status_code
+    code = status.status_code
     if code is StatusCode.UNSET:
         status_field = _STATUS_UNSET
     elif code is StatusCode.ERROR and status.description:
@@ -121,12 +110,10 @@ def _span(span: RecordedSpan) -> bytes:
             span._trace_id.to_bytes(16, "big"),
             b"\x12\x08",  # span_id = 2, 8 bytes
             span._span_id.to_bytes(8, "big"),
-            b""
-            if state is EMPTY_TRACE_STATE or not state
-            else _ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()),
+            _ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()) if state else b"",
             b"\x22\x08" + parent.to_bytes(8, "big") if parent is not None else b"",  # = 4
             name_field,
-            _KIND_INTERNAL if span._kind is _INTERNAL else _KIND[span._kind],
+            _KIND[span._kind],
             b"\x39",  # start_time_unix_nano = 7
             _fixed64(span._start),
             b"\x41",  # end_time_unix_nano = 8

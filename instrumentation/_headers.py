@@ -20,7 +20,6 @@ import httpx
 from opentelemetry import baggage, propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.context import Context
-from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import NonRecordingSpan
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from stagelens.instrumentation._suppress import current_context
@@ -106,9 +105,7 @@ pair (W3C trace context, then W3C baggage); None otherwise."""
 
 
 def _w3c_default(textmap: object) -> W3CBaggagePropagator | None:
-    if type(textmap) is not CompositePropagator:
-        return None
-    pair = _compat.composite_parts(textmap)
+    pair = _compat.composite_parts(textmap)  # None for anything but a CompositePropagator
     if (
         pair is not None
         and len(pair) == 2
@@ -126,11 +123,6 @@ def _default_baggage_propagator() -> W3CBaggagePropagator | None:
     if _textmap[0] is not textmap:
         _textmap = (textmap, _w3c_default(textmap))
     return _textmap[1]
-
-
-_current_context: Final = current_context
-"""The module's ``get_current``, for ``_inject``, whose parameter is named ``context`` as
-``propagate.inject``'s is."""
 
 
 def _traceparent(span_context: trace.SpanContext) -> str:
@@ -153,7 +145,7 @@ def _inject(carrier: dict[str, str], context: Context | None) -> None:
         propagate.inject(carrier, context=context)
         return
     if context is None:
-        context = _current_context()
+        context = current_context()
     span_context = trace.get_current_span(context).get_span_context()
     _inject_w3c(carrier, span_context, context, baggage_propagator)
 
@@ -221,7 +213,7 @@ def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bo
                 request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context)
         _inject(added, trace.set_span_in_context(span) if recording else None)
     else:
-        context = _current_context()  # the span's, but for the span: baggage is read from it
+        context = current_context()  # the span's, but for the span: baggage is read from it
         span_context = span.get_span_context() if recording else _current_span_context(context)
         # Recorded but not sampled (the tail sampler's decision still pending): the engine
         # side would export spans for a trace that may be dropped, so no id names it.
