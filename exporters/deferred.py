@@ -58,7 +58,14 @@ from opentelemetry.util.types import Attributes, AttributeValue
 from stagelens.exporters.otlp_encode import encode_request
 
 from stagelens import _compat, semconv
-from stagelens.tail_sampling import PendingTrace, TailSampler, sampler_from_env
+from stagelens.tail_sampling import (
+    DeferredSpan,
+    PendingTrace,
+    TailSampler,
+    child_parent,
+    open_stage,
+    sampler_from_env,
+)
 
 logger = logging.getLogger("stagelens")
 
@@ -364,6 +371,8 @@ class DeferredTracer(trace.Tracer):
         found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
         # A local parent is found with one lookup; anything else as the API finds it.
         parent = found if type(found) is RecordedSpan else trace.get_current_span(ctx)
+        if open_stage() is not None:  # inside a stage of a pending trace, its child
+            parent = child_parent(parent)
         extra: Attributes = None
         if isinstance(parent, RecordedSpan):
             # A local parent that was sampled: its children are, as with parent-based
@@ -373,6 +382,14 @@ class DeferredTracer(trace.Tracer):
             parent_remote = False
             trace_state = parent._trace_state
             pending = parent._pending
+            local_root = False
+        elif type(parent) is DeferredSpan:
+            # A stage of a pending trace (tail sampler): the same, its id drawn now.
+            parent_ctx = parent.get_span_context()
+            trace_id, parent_id = parent_ctx.trace_id, parent_ctx.span_id
+            parent_remote = False
+            trace_state = parent_ctx.trace_state
+            pending = parent.pending
             local_root = False
         else:
             local_root = True
@@ -391,7 +408,7 @@ class DeferredTracer(trace.Tracer):
                 # Every trace is recorded; its spans wait for the request's end unless the
                 # start already decided (RECORD_AND_SAMPLE: a sampled parent or the ratio).
                 pending = PendingTrace(
-                    provider._enqueue,
+                    provider._release,
                     tail.head_reason(parent_ctx.trace_flags.sampled)
                     if decision.decision is Decision.RECORD_AND_SAMPLE
                     else None,
@@ -505,6 +522,11 @@ class DeferredTracerProvider(trace.TracerProvider):
         return tracer
 
     # -- hot path -----------------------------------------------------------------------
+    def _release(self, span: RecordedSpan | DeferredSpan) -> None:
+        """A span of a kept trace (tail sampler), to the queue: a stage recorded as data
+        (``DeferredSpan``) is built into a span first."""
+        self._enqueue(span if isinstance(span, RecordedSpan) else _built(span))
+
     def _enqueue(self, span: RecordedSpan) -> None:
         queue = self._queue
         if self._stopping:
@@ -597,6 +619,35 @@ class DeferredTracerProvider(trace.TracerProvider):
                 exporter.shutdown()
             except Exception as exc:
                 logger.warning("stagelens: span exporter shutdown failed: %r", exc)
+
+
+def _built(stage: DeferredSpan) -> RecordedSpan:
+    """The span a ``DeferredSpan`` stands for, as ``start_span`` would have made it under
+    its parent, with its ids, clock readings, attributes and calls replayed in order."""
+    tracer = stage.tracer
+    if not isinstance(tracer, DeferredTracer):
+        raise TypeError(f"a DeferredSpan of {type(tracer).__name__}, not of a DeferredTracer")
+    parent = stage.parent.get_span_context()
+    span = RecordedSpan(
+        tracer._provider,
+        tracer._scope,
+        stage.name,
+        parent.trace_id,
+        parent.span_id,
+        False,
+        parent.trace_state,
+        SpanKind.INTERNAL,
+        stage.start_time,
+        {},
+        None,
+    )
+    if stage.span_id:  # drawn for a child or a context: the span keeps it
+        span._span_id = stage.span_id
+    span.set_attributes(stage.attributes)
+    for method, args in stage.calls:
+        getattr(span, method)(*args)
+    span._end = stage.end_time if stage.end_time is not None else stage.start_time
+    return span
 
 
 def _sampler_from_env() -> Sampler:

@@ -471,7 +471,7 @@ class _RequestTracker:
         decision: tuple[str, str] | None = None
         dropped = False
         if state.recording:
-            pending = getattr(state.root_span, "pending_trace", None)
+            pending = state.pending
             if pending is None:
                 exemplar = _sampled_trace(state.root_span)
             else:  # the tail sampler: keep the trace or drop it, now the outcome is known

@@ -30,6 +30,7 @@ from stagelens.pricing import Usage
 from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
+from stagelens.tail_sampling import DeferredSpan, current_span_in
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
@@ -126,6 +127,18 @@ class stage:
             return self
         telemetry = state.telemetry if state is not None else default_telemetry()
         self._state, self._telemetry = state, telemetry
+        pending = state.pending if state is not None else None
+        if pending is not None and pending.kept is None:
+            # Its trace's keep decision waits for the request's end (the tail sampler),
+            # which drops most: the stage is recorded as data, a span only if kept.
+            attributes = {sc.ATTR_STAGE: self._name}
+            if self._attributes:
+                attributes.update(self._attributes)
+            self._span = DeferredSpan(
+                telemetry.tracer, self._name, current_span_in(ctx), pending, attributes
+            )
+            self._t0 = _perf_counter()
+            return self
         span = telemetry.tracer.start_span(
             self._name, context=ctx, attributes={sc.ATTR_STAGE: self._name}
         )

@@ -22,6 +22,7 @@ from stagelens.record import BillingRecord, StageTimes
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
+    from stagelens.tail_sampling import PendingTrace
     from stagelens.telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
@@ -41,6 +42,7 @@ class RequestState:
         "genai",
         "inference",
         "model",
+        "pending",
         "phases",
         "recording",
         "rejected_by",
@@ -60,8 +62,13 @@ class RequestState:
     def __init__(self, telemetry: Telemetry, root_span: trace.Span) -> None:
         self.telemetry = telemetry
         self.root_span = root_span
-        self.recording = root_span.is_recording()
+        self.recording = recording = root_span.is_recording()
         """The trace is sampled in: stages and the upstream call make spans."""
+        self.pending: PendingTrace | None = (
+            getattr(root_span, "pending_trace", None) if recording else None
+        )
+        """The trace's keep decision under the tail sampler (None under any other): while
+        it is undecided, stages record ``DeferredSpan`` data rather than spans."""
         self.started_at = time.perf_counter()
         self.model: str | None = None
         self.tenant: str | None = None

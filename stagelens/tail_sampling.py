@@ -17,6 +17,11 @@ Three parts, each with one job:
   is ``RECORD_ONLY``, recorded but not (yet) sampled, and its ``traceparent`` says so.
 - ``PendingTrace``, the spans of one trace while its decision waits, released to the
   export queue when it is kept and discarded when it is not.
+- ``DeferredSpan``, what a ``stage()`` of such a trace records instead of a span: its name,
+  clock readings and attributes, turned into a span by the deferred tracer only when the
+  trace is kept. It is not made current in the OpenTelemetry context (attaching a context
+  costs as much as the rest of the record); ``open_stage`` names it to the tracer instead,
+  so spans started inside the stage are still its children.
 - ``keep_reason`` and ``ExemplarSlots``: the rules the middleware applies at the request's
   end (failed, client gone, slow against the SLO thresholds, needed as an exemplar).
 
@@ -26,11 +31,16 @@ Under the SDK's own ``TracerProvider`` (``opentelemetry-instrument``, or a provi
 
 from __future__ import annotations
 
+import contextvars
 import os
+import random
+import time
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from typing import Any, Final, cast
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace.sampling import (
     Decision,
@@ -38,10 +48,19 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import Link, SpanKind, get_current_span
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    get_current_span,
+)
 from opentelemetry.trace.span import TraceState
-from opentelemetry.util.types import Attributes
+from opentelemetry.util.types import Attributes, AttributeValue
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens.errors import ConfigurationError
 
@@ -61,6 +80,9 @@ _LIMIT: Final = TraceIdRatioBased.TRACE_ID_LIMIT
 _HEAD_KEEP: Final = SamplingResult(Decision.RECORD_AND_SAMPLE)
 _PENDING: Final = SamplingResult(Decision.RECORD_ONLY)
 _SLOW_SLIS: Final = frozenset({sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT})
+_SPAN_KEY: Final = _compat.span_key()
+_SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
 
 
 class TailSampler(Sampler):
@@ -166,6 +188,168 @@ class PendingTrace:
             release = self._release
             for span in spans:
                 release(span)
+
+
+_OPEN: contextvars.ContextVar[DeferredSpan | None] = contextvars.ContextVar(
+    "stagelens_open_stage", default=None
+)
+open_stage: Final[Callable[[], DeferredSpan | None]] = _OPEN.get
+"""The innermost ``DeferredSpan`` open in this context, or None (one C call)."""
+
+
+def current_span_in(ctx: Context) -> trace.Span:
+    """The span current in ``ctx`` as the OpenTelemetry API finds it (one lookup where
+    ``_compat.span_key`` knows the key)."""
+    found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+    return cast("trace.Span", found) if found is not None else get_current_span(ctx)
+
+
+class DeferredSpan(trace.Span):
+    """A stage of a trace whose keep decision is pending, recorded as data, not as a span.
+
+    Why: under the tail sampler most traces are dropped at their request's end, so what a
+    stage records before then should cost as little as the metric it feeds. This holds
+    the name, the start and end (``time_ns``), the attributes set and, in order, any other
+    call made on it (events, status, exceptions, renames, links; rare, replayed on the span
+    built from it). Its span id is drawn only when something needs it (a child span, its
+    context); a trace that is dropped never draws one. ``tracer`` builds the span when the
+    trace is kept (``DeferredTracer.build``); ``pending.add`` is told when it ends.
+
+    It is not attached to the OpenTelemetry context: ``trace.get_current_span()`` inside
+    the stage gives the span current when it began (``anchor``). ``open_stage`` names it
+    instead, and the deferred tracer starts a span whose parent would be ``anchor`` under
+    it (``child_parent``): so spans started inside the stage, with stagelens' tracer or
+    any tracer of its provider, are its children, as they are when the stage is a span."""
+
+    __slots__ = (
+        "_calls",
+        "_context",
+        "anchor",
+        "attributes",
+        "end_time",
+        "name",
+        "parent",
+        "pending",
+        "span_id",
+        "start_time",
+        "token",
+        "tracer",
+    )
+
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        name: str,
+        anchor: trace.Span,
+        pending: PendingTrace,
+        attributes: dict[str, Any],
+    ) -> None:
+        self.tracer = tracer
+        self.name = name
+        self.anchor = anchor
+        """The span current in the OpenTelemetry context when the stage began."""
+        opened = _OPEN.get()
+        self.parent: trace.Span = (
+            opened if opened is not None and opened.anchor is anchor else anchor
+        )
+        """The stage's parent: the stage open around it, else ``anchor``."""
+        self.pending = pending
+        self.attributes = attributes
+        self.start_time = time.time_ns()
+        self.end_time: int | None = None
+        self.span_id = 0
+        """0 until drawn (``get_span_context``)."""
+        self._calls: list[tuple[str, tuple[Any, ...]]] | None = None
+        self._context: SpanContext | None = None
+        self.token = _OPEN.set(self)
+        """Reset by ``end``: the stage is open in this context until then."""
+
+    @property
+    def calls(self) -> Sequence[tuple[str, tuple[Any, ...]]]:
+        """The Span API calls made on it other than attributes, in order."""
+        return self._calls or ()
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.end_time is None:
+            if self._calls is None:
+                self._calls = []
+            self._calls.append((method, args))
+
+    # -- the Span API --------------------------------------------------------------------
+    def get_span_context(self) -> SpanContext:
+        """Draws the span id on first use; sampled only once the trace is kept (as a
+        span of a pending trace says)."""
+        ctx = self._context
+        if ctx is None:
+            parent = self.parent.get_span_context()
+            if not self.span_id:
+                self.span_id = _draw_span_id()
+            flags = _SAMPLED if self.pending.kept else _NOT_SAMPLED
+            ctx = self._context = SpanContext(
+                parent.trace_id, self.span_id, False, flags, parent.trace_state
+            )
+        return ctx
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def set_attribute(self, key: str, value: AttributeValue) -> None:
+        if self.end_time is None and value is not None:
+            self.attributes[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+        if self.end_time is None:
+            mine = self.attributes
+            for key, value in attributes.items():
+                if value is not None:
+                    mine[key] = value
+
+    def add_event(
+        self, name: str, attributes: Attributes = None, timestamp: int | None = None
+    ) -> None:
+        self._call("add_event", name, dict(attributes or {}), timestamp or time.time_ns())
+
+    def add_link(self, context: SpanContext, attributes: Attributes = None) -> None:
+        self._call("add_link", context, attributes)
+
+    def update_name(self, name: str) -> None:
+        self._call("update_name", name)
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        self._call("set_status", status, description)
+
+    def record_exception(
+        self,
+        exception: BaseException,
+        attributes: Attributes = None,
+        timestamp: int | None = None,
+        escaped: bool = False,
+    ) -> None:
+        self._call("record_exception", exception, attributes, timestamp or time.time_ns(), escaped)
+
+    def end(self, end_time: int | None = None) -> None:
+        """Close the stage (in the context that opened it) and hand it to its trace."""
+        if self.end_time is not None:
+            return
+        self.end_time = end_time if end_time is not None else time.time_ns()
+        with suppress(ValueError, RuntimeError):  # ended in another context: closes with it
+            _OPEN.reset(self.token)
+        self.pending.add(self)
+
+
+def _draw_span_id() -> int:
+    value = random.getrandbits(64)
+    while value == 0:  # all-zero ids are invalid in W3C trace context
+        value = random.getrandbits(64)
+    return value
+
+
+def child_parent(parent: trace.Span) -> trace.Span:
+    """The parent a span started now under ``parent`` (the context's current span) has:
+    the ``DeferredSpan`` open in this context when it began under ``parent``, else
+    ``parent`` itself."""
+    opened = _OPEN.get()
+    return opened if opened is not None and opened.anchor is parent else parent
 
 
 def keep_reason(

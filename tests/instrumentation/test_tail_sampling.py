@@ -185,8 +185,11 @@ def _kind(spans: list[dict[str, Any]]) -> str:
     return names[0].removeprefix("chat ")
 
 
-def _shape(spans: list[dict[str, Any]]) -> Counter[str]:
-    return Counter(s["name"] for s in spans)
+def _shape(spans: list[dict[str, Any]]) -> Counter[tuple[str, str | None]]:
+    """Each span's name with its parent's (None for the root): the trace's tree, so a
+    stage recorded as data and built when kept must sit where its span sits."""
+    names = {s["span_id"]: s["name"] for s in spans}
+    return Counter((s["name"], names.get(s["parent_span_id"])) for s in spans)
 
 
 def _ratio_chosen(trace_id_hex: str, ratio: float) -> bool:
@@ -215,7 +218,7 @@ def _exemplar_traces(telemetry: Telemetry) -> set[str]:
     return found
 
 
-async def _whole_shapes(scripted: Starlette) -> dict[str, Counter[str]]:
+async def _whole_shapes(scripted: Starlette) -> dict[str, Counter[tuple[str, str | None]]]:
     """Each kind's trace under always_on: the spans a whole trace has."""
     with otlp_receiver() as server:
         telemetry = _configure(server, ALWAYS_ON)

@@ -1,0 +1,235 @@
+"""A stage of a pending trace is recorded as data (``DeferredSpan``) and built into a span
+only when its trace is kept: the span built is the one ``start_span`` makes for the same
+calls, it sits where that span would in the tree, and a dropped trace builds nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from opentelemetry import context, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import StatusCode
+from stagelens.exporters import deferred
+from stagelens.exporters.deferred import DeferredTracerProvider
+
+from stagelens.tail_sampling import DeferredSpan, TailSampler, open_stage
+
+_KEYS = st.sampled_from([f"k{i}" for i in range(6)])
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**40), 2**40),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.lists(st.text(max_size=4), max_size=3),
+)
+_TIMES = st.integers(1, 2**62)
+_CALLS = st.one_of(
+    st.tuples(st.just("set_attribute"), _KEYS, _VALUES),
+    st.tuples(st.just("set_attributes"), st.dictionaries(_KEYS, _VALUES, max_size=4)),
+    st.tuples(
+        st.just("add_event"),
+        st.text(max_size=6),
+        st.dictionaries(_KEYS, _VALUES.filter(lambda v: v is not None), max_size=3),
+        _TIMES,
+    ),
+    st.tuples(
+        st.just("set_status"),
+        st.sampled_from([StatusCode.UNSET, StatusCode.OK, StatusCode.ERROR]),
+        st.one_of(st.none(), st.text(max_size=6)),
+    ),
+    st.tuples(st.just("update_name"), st.text(min_size=1, max_size=6)),
+    st.tuples(st.just("record_exception"), st.text(max_size=6), _TIMES, st.booleans()),
+    st.tuples(st.just("end")),
+)
+
+
+def _apply(span: trace.Span, calls: list[tuple[Any, ...]]) -> None:
+    for method, *args in calls:
+        if method == "record_exception":
+            message, timestamp, escaped = args
+            span.record_exception(ValueError(message), None, timestamp, escaped)
+        elif method == "end":
+            span.end()
+        else:
+            getattr(span, method)(*args)
+    span.end()
+
+
+def _provider(sampler: Any) -> tuple[DeferredTracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = DeferredTracerProvider(
+        [exporter], lambda reason, n: None, resource=Resource({}), sampler=sampler
+    )
+    return provider, exporter
+
+
+@pytest.fixture(scope="module")
+def providers() -> Iterator[tuple[Any, Any, Any, Any]]:
+    """A tail-sampled provider (ratio 0: every trace pending) and an always_on one."""
+    tail, tail_out = _provider(TailSampler(0.0))
+    always, always_out = _provider(ALWAYS_ON)
+    yield tail, tail_out, always, always_out
+    tail.shutdown()
+    always.shutdown()
+
+
+def _view(span: ReadableSpan, root: ReadableSpan) -> tuple[Any, ...]:
+    """What an exporter reads of a stage span, its ids and clock readings aside."""
+    assert span.parent is not None
+    assert root.context is not None
+    assert span.context is not None
+    assert span.parent.span_id == root.context.span_id
+    assert span.context.trace_id == root.context.trace_id
+    return (
+        span.name,
+        span.kind,
+        span.instrumentation_scope,
+        dict(span.attributes or {}),
+        [(e.name, dict(e.attributes or {}), e.timestamp) for e in span.events],
+        (span.status.status_code, span.status.description),
+        span.context.trace_flags.sampled,
+    )
+
+
+def _exported(provider: DeferredTracerProvider, exporter: InMemorySpanExporter) -> list[Any]:
+    provider.force_flush()
+    spans = list(exporter.get_finished_spans())
+    exporter.clear()
+    return spans
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_CALLS, max_size=12))
+def test_a_kept_stage_is_built_as_start_span_makes_it(
+    providers: tuple[Any, Any, Any, Any], calls: list[tuple[Any, ...]]
+) -> None:
+    """Any sequence of Span API calls (after its end too) gives the same exported span
+    whether it was made on a span (always_on) or recorded as data and built when kept."""
+    tail, tail_out, always, always_out = providers
+    attributes = {"stagelens.stage": "tokenizer"}
+
+    root = always.get_tracer("t").start_span("root")
+    span = always.get_tracer("t").start_span(
+        "tokenizer", context=trace.set_span_in_context(root), attributes=dict(attributes)
+    )
+    _apply(span, calls)
+    root.end()
+    want_root, want = sorted(_exported(always, always_out), key=lambda s: s.name != "root")
+
+    tracer = tail.get_tracer("t")
+    root = tracer.start_span("root")
+    pending = root.pending_trace
+    stage = DeferredSpan(tracer, "tokenizer", root, pending, dict(attributes))
+    _apply(stage, calls)
+    assert open_stage() is None  # closed by its end
+    pending.settle(True)
+    root.end()
+    got_root, got = sorted(_exported(tail, tail_out), key=lambda s: s.name != "root")
+    assert got_root.name == want_root.name == "root"
+    assert _view(got, got_root) == _view(want, want_root)
+    assert got.start_time <= got.end_time
+
+
+def test_the_attribute_limit_holds_as_on_a_span(providers: tuple[Any, Any, Any, Any]) -> None:
+    """More attributes than a span keeps: the same first 128 (and later values of those)."""
+    tail, tail_out, _, _ = providers
+    tracer = tail.get_tracer("t")
+    root = tracer.start_span("root")
+    stage = DeferredSpan(tracer, "s", root, root.pending_trace, {})
+    for i in range(200):
+        stage.set_attribute(f"a{i}", i)
+    stage.set_attribute("a5", "again")
+    stage.end()
+    root.pending_trace.settle(True)
+    root.end()
+    (built,) = [s for s in _exported(tail, tail_out) if s.name == "s"]
+    assert len(built.attributes) == deferred.MAX_ATTRIBUTES
+    assert built.attributes["a5"] == "again"
+    assert "a127" in built.attributes
+    assert "a128" not in built.attributes
+
+
+def test_spans_started_inside_a_stage_are_its_children(
+    providers: tuple[Any, Any, Any, Any],
+) -> None:
+    """A span started (by any tracer of the provider) inside a stage, and a stage inside
+    a stage, hang under it; the ids drawn for them are the ids exported; outside the
+    stage a span hangs under the root again."""
+    tail, tail_out, _, _ = providers
+    tracer = tail.get_tracer("t")
+    root = tracer.start_span("root")
+    token = context.attach(trace.set_span_in_context(root))
+    try:
+        outer = DeferredSpan(tracer, "outer", root, root.pending_trace, {})
+        inner = DeferredSpan(tracer, "inner", root, root.pending_trace, {})
+        assert inner.parent is outer
+        child = tail.get_tracer("other").start_span("child")  # the current context's
+        assert trace.get_current_span() is root  # the stage is not made current
+        child.end()
+        inner.end()
+        assert open_stage() is outer
+        sibling = tracer.start_span("sibling")
+        sibling.end()
+        outer.end()
+        after = tracer.start_span("after")
+        after.end()
+    finally:
+        context.detach(token)
+    root.pending_trace.settle(True)
+    root.end()
+    spans = {s.name: s for s in _exported(tail, tail_out)}
+    ids = {name: s.context.span_id for name, s in spans.items()}
+    parents = {name: s.parent.span_id if s.parent else None for name, s in spans.items()}
+    assert parents == {
+        "root": None,
+        "outer": ids["root"],
+        "inner": ids["outer"],
+        "child": ids["inner"],
+        "sibling": ids["outer"],
+        "after": ids["root"],
+    }
+    assert len(set(ids.values())) == len(ids)
+
+
+def test_a_dropped_trace_builds_nothing_and_draws_no_id(
+    providers: tuple[Any, Any, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dropped: the stage's data is discarded, never built, and its id never drawn."""
+    tail, tail_out, _, _ = providers
+    built: list[Any] = []
+    monkeypatch.setattr(deferred, "_built", lambda stage: built.append(stage))
+    tracer = tail.get_tracer("t")
+    root = tracer.start_span("root")
+    stage = DeferredSpan(tracer, "s", root, root.pending_trace, {})
+    stage.set_attribute("k", 1)
+    stage.end()
+    root.pending_trace.settle(False)
+    root.end()
+    assert _exported(tail, tail_out) == []
+    assert built == []
+    assert stage.span_id == 0
+
+
+def test_a_stage_ending_after_the_decision_follows_it(
+    providers: tuple[Any, Any, Any, Any],
+) -> None:
+    """A stage still open when its trace is kept is built when it ends; one of a trace
+    dropped meanwhile is discarded."""
+    tail, tail_out, _, _ = providers
+    tracer = tail.get_tracer("t")
+    for keep in (True, False):
+        root = tracer.start_span("root")
+        stage = DeferredSpan(tracer, "late", root, root.pending_trace, {})
+        root.pending_trace.settle(keep)
+        root.end()
+        stage.end()
+        names = sorted(s.name for s in _exported(tail, tail_out))
+        assert names == (["late", "root"] if keep else [])
