@@ -59,6 +59,7 @@ from stagelens.exporters.otlp_encode import encode_request
 
 from stagelens import _compat, semconv
 from stagelens.tail_sampling import (
+    COMPLETE,
     DeferredSpan,
     PendingTrace,
     TailSampler,
@@ -636,7 +637,7 @@ def _built(stage: DeferredSpan) -> RecordedSpan:
         parent.span_id,
         False,
         parent.trace_state,
-        SpanKind.INTERNAL,
+        stage.kind,
         stage.start_time,
         {},
         None,
@@ -645,7 +646,10 @@ def _built(stage: DeferredSpan) -> RecordedSpan:
         span._span_id = stage.span_id
     span.set_attributes(stage.attributes)
     for method, args in stage.calls:
-        getattr(span, method)(*args)
+        if method == COMPLETE:
+            args[0](span)
+        else:
+            getattr(span, method)(*args)
     span._end = stage.end_time if stage.end_time is not None else stage.start_time
     return span
 

@@ -74,6 +74,8 @@ class EventReader:
         "_response_id",
         "_sends",
         "_sent",
+        "_span_later",
+        "_span_left",
         "_strip",
         "_unmarked",
         "_usage",
@@ -88,8 +90,14 @@ class EventReader:
         single_choice: bool,
         sends: list[float] | None,
         inference: InferenceFacts | None,
+        span_later: bool = False,
     ) -> None:
         self._recording = recording
+        self._span_later = span_later
+        """The span is built later, only if its trace is kept (the tail sampler): what only
+        the span shows of the last event is read then (``read_last_for_span``)."""
+        self._span_left = False
+        """``settle`` left the span's part of the last event to ``read_last_for_span``."""
         self._keys = content_keys(chat)
         self._key = self._keys[0]
         """The output key as this stream writes it (compact or spaced), tried first."""
@@ -409,7 +417,10 @@ class EventReader:
                     self.take(facts)  # not output: the app's SSE reader drops it too
         last = self._last_fast
         newer = last is not self._usage_after  # came after the event that gave ``_usage``
-        if last is not None and (newer or not self._ended or self._recording):
+        if self._span_later and last is not None and not newer and self._ended:
+            # Only the span's part would be read: left until it is known to be built.
+            self._span_left = True
+        elif last is not None and (newer or not self._ended or self._recording):
             facts = _quiet(last[5:].strip())  # read once: it was never parsed
             if facts is not None:
                 if self._recording and self._response_id is None:
@@ -421,6 +432,21 @@ class EventReader:
                     self._ended = True
                     if self._recording:
                         self._finish_reasons += facts.finish_reasons
+
+    def read_last_for_span(self) -> None:
+        """What only the span shows of the last event read from its bytes (its id and
+        finish reason), where ``settle`` left it (``span_later``): read as ``settle``
+        reads it for a span built at once, from an event that said nothing else new."""
+        last = self._last_fast
+        if not self._span_left or last is None:
+            return
+        self._span_left = False
+        facts = _quiet(last[5:].strip())
+        if facts is not None:
+            if self._response_id is None:
+                self._response_id = facts.id
+            if facts.finish_reasons:
+                self._finish_reasons += facts.finish_reasons
 
 
 def _quiet(payload: bytes) -> _openai.EventFacts | None:

@@ -37,6 +37,7 @@ from stagelens.instrumentation._headers import (
     header_value,
 )
 from stagelens.instrumentation._span_errors import record_failure
+from stagelens.instrumentation._suppress import current_context
 
 from stagelens import _compat
 from stagelens import semconv as sc
@@ -44,6 +45,7 @@ from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
+from stagelens.tail_sampling import DeferredSpan, current_span_in
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
@@ -112,10 +114,31 @@ class _UpstreamCall(EventReader):
         self._dimensions: int | None = None
         """Embeddings: the size of the answer's first vector, when it says."""
         self.stream = stream = payload.get("stream", False) is True and not embeddings
+        later = False
+        """The span is data until the trace is decided (``DeferredSpan``)."""
         if state is not None and not state.recording:
             # Sampled out: the root itself (unrecorded) stands for the call's span: its
             # context is the one propagated, and nothing is built.
             self.span: trace.Span = state.root_span
+        elif state is not None and (pending := state.pending) is not None and pending.kept is None:
+            # The tail sampler, undecided: the span as data (see DeferredSpan), its
+            # attributes read from the payload and the answer only if the trace is kept.
+            span = DeferredSpan(
+                telemetry.tracer,
+                f"{operation} {self.model}",
+                current_span_in(current_context()),
+                pending,
+                {},
+                SpanKind.CLIENT,
+            )
+            model = self.model
+            span.when_built(
+                lambda built: built.set_attributes(
+                    _client_attributes(model, stream, operation, payload, request)
+                )
+            )
+            self.span = span
+            later = True
         else:
             self.span = telemetry.tracer.start_span(
                 f"{operation} {self.model}",
@@ -146,6 +169,7 @@ class _UpstreamCall(EventReader):
             single_choice=n is None or n == 1,
             sends=state.token_times if state is not None else None,
             inference=inference,
+            span_later=later,
         )
         if telemetry.settings.capture_message_content and recording:
             content = payload.get("messages", payload.get("prompt", payload.get("input")))
@@ -293,9 +317,19 @@ class _UpstreamCall(EventReader):
         else:  # no request around the call: recorded now, its model label bounded here
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
-        if span.is_recording():
+        if type(span) is DeferredSpan:  # the tail sampler, undecided: only if kept
+            end_ns = self._last_output_ns or time.time_ns()
+            estimated = billing or counted
+
+            def complete(built: trace.Span) -> None:
+                self.read_last_for_span()
+                self._set_response_attributes(built, error, usage, estimated)
+                self._engine_spans(phases, end_ns)
+
+            span.when_built(complete)
+        elif span.is_recording():
             self._set_response_attributes(span, error, usage, billing or counted)
-            self._engine_spans(phases)
+            self._engine_spans(phases, self._last_output_ns or time.time_ns())
         span.end()
 
     def _read_body(self, raw: bytes) -> None:
@@ -373,12 +407,12 @@ class _UpstreamCall(EventReader):
         if billing is not None:
             instruments.unmetered.get(model, billing).inc()
 
-    def _engine_spans(self, phases: list[tuple[str, float]]) -> None:
-        """Child spans laid back to back, ending when the last token arrived."""
+    def _engine_spans(self, phases: list[tuple[str, float]], end_ns: int) -> None:
+        """Child spans laid back to back, ending at ``end_ns`` (when the last token
+        arrived, else when the call ended)."""
         if not phases:
             return
         parent = trace.set_span_in_context(self.span)
-        end_ns = self._last_output_ns or time.time_ns()
         for phase, seconds in reversed(phases):
             start_ns = end_ns - int(seconds * _NS)
             child = self.telemetry.tracer.start_span(

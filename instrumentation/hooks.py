@@ -30,7 +30,7 @@ from stagelens.pricing import Usage
 from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan, current_span_in
+from stagelens.tail_sampling import DeferredSpan, current_span_in, enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
@@ -87,17 +87,29 @@ def _status_of(exc: BaseException) -> int | None:
 class stage:
     """Time a block or function as one stage: a child span plus ``stagelens_stage_duration``."""
 
-    __slots__ = ("_attributes", "_ctx_token", "_name", "_span", "_state", "_t0", "_telemetry")
+    __slots__ = (
+        "_attributes",
+        "_ctx_token",
+        "_name",
+        "_open",
+        "_span",
+        "_state",
+        "_t0",
+        "_telemetry",
+    )
     _state: RequestState | None
     _telemetry: Telemetry | None
     _t0: float
+    _open: contextvars.Token[DeferredSpan | None] | None
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
         self._name = _STAGE_NAMES.get(name) or str(name)
         self._attributes = attributes
         self._span: trace.Span | None = None
         self._ctx_token: contextvars.Token[Context] | None = None
-        # _state, _telemetry and _t0 are set by every path of __enter__.
+        # _state, _telemetry and _t0 are set by every path of __enter__; _open (the
+        # ``enter_stage`` token of a DeferredSpan) by the one path that leaves _ctx_token
+        # None and _telemetry set, the only one on which __exit__ reads it.
 
     @property
     def name(self) -> str:
@@ -134,9 +146,11 @@ class stage:
             attributes = {sc.ATTR_STAGE: self._name}
             if self._attributes:
                 attributes.update(self._attributes)
-            self._span = DeferredSpan(
+            deferred = DeferredSpan(
                 telemetry.tracer, self._name, current_span_in(ctx), pending, attributes
             )
+            self._span = deferred
+            self._open = enter_stage(deferred)
             self._t0 = _perf_counter()
             return self
         span = telemetry.tracer.start_span(
@@ -173,6 +187,12 @@ class stage:
             except Exception as err:  # a detach in another context must not break the app
                 telemetry.report_error("context", err)
             self._ctx_token = None
+        elif self._open is not None:
+            try:
+                leave_stage(self._open)
+            except Exception as err:  # as detach: never breaks the app
+                telemetry.report_error("context", err)
+            self._open = None
         if state is not None:
             state.stage_times.append((self._name, elapsed))
         else:

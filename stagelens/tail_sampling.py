@@ -37,7 +37,6 @@ import random
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
 from typing import Any, Final, cast
 
 from opentelemetry import trace
@@ -216,10 +215,13 @@ class DeferredSpan(trace.Span):
     trace is kept (``DeferredTracer.build``); ``pending.add`` is told when it ends.
 
     It is not attached to the OpenTelemetry context: ``trace.get_current_span()`` inside
-    the stage gives the span current when it began (``anchor``). ``open_stage`` names it
-    instead, and the deferred tracer starts a span whose parent would be ``anchor`` under
-    it (``child_parent``): so spans started inside the stage, with stagelens' tracer or
-    any tracer of its provider, are its children, as they are when the stage is a span."""
+    the stage gives the span current when it began (``anchor``). ``enter_stage`` names it
+    as the open stage (``open_stage``) instead, and the deferred tracer starts a span whose
+    parent would be ``anchor`` under it (``child_parent``): so spans started inside the
+    stage, with stagelens' tracer or any tracer of its provider, are its children, as they
+    are when the stage is a span. The upstream call's span of a pending trace is one too
+    (``kind`` CLIENT, never an open stage), its response attributes left to
+    ``when_built``."""
 
     __slots__ = (
         "_calls",
@@ -227,12 +229,12 @@ class DeferredSpan(trace.Span):
         "anchor",
         "attributes",
         "end_time",
+        "kind",
         "name",
         "parent",
         "pending",
         "span_id",
         "start_time",
-        "token",
         "tracer",
     )
 
@@ -243,8 +245,10 @@ class DeferredSpan(trace.Span):
         anchor: trace.Span,
         pending: PendingTrace,
         attributes: dict[str, Any],
+        kind: SpanKind = SpanKind.INTERNAL,
     ) -> None:
         self.tracer = tracer
+        self.kind = kind
         self.name = name
         self.anchor = anchor
         """The span current in the OpenTelemetry context when the stage began."""
@@ -261,13 +265,17 @@ class DeferredSpan(trace.Span):
         """0 until drawn (``get_span_context``)."""
         self._calls: list[tuple[str, tuple[Any, ...]]] | None = None
         self._context: SpanContext | None = None
-        self.token = _OPEN.set(self)
-        """Reset by ``end``: the stage is open in this context until then."""
 
     @property
     def calls(self) -> Sequence[tuple[str, tuple[Any, ...]]]:
         """The Span API calls made on it other than attributes, in order."""
         return self._calls or ()
+
+    def when_built(self, complete: Callable[[trace.Span], None]) -> None:
+        """Have ``complete(span)`` run on the span built from this one, in order with the
+        other calls, if the trace is kept: work only a kept span needs (attributes that
+        take parsing, child spans), never done for a dropped one."""
+        self._call(COMPLETE, complete)
 
     def _call(self, method: str, *args: Any) -> None:
         if self.end_time is None:
@@ -328,13 +336,26 @@ class DeferredSpan(trace.Span):
         self._call("record_exception", exception, attributes, timestamp or time.time_ns(), escaped)
 
     def end(self, end_time: int | None = None) -> None:
-        """Close the stage (in the context that opened it) and hand it to its trace."""
+        """Hand it to its trace: held, built or dropped, as the trace is decided."""
         if self.end_time is not None:
             return
         self.end_time = end_time if end_time is not None else time.time_ns()
-        with suppress(ValueError, RuntimeError):  # ended in another context: closes with it
-            _OPEN.reset(self.token)
         self.pending.add(self)
+
+
+COMPLETE: Final = "when_built"
+"""The method name under which ``DeferredSpan.calls`` lists a ``when_built`` function."""
+
+
+def enter_stage(span: DeferredSpan) -> contextvars.Token[DeferredSpan | None]:
+    """Open ``span`` as the stage in this context (``open_stage``), until ``leave_stage``
+    with the token, in the same context (a ``with`` block's exit)."""
+    return _OPEN.set(span)
+
+
+def leave_stage(token: contextvars.Token[DeferredSpan | None]) -> None:
+    """Close the stage ``enter_stage`` opened."""
+    _OPEN.reset(token)
 
 
 def _draw_span_id() -> int:

@@ -19,7 +19,13 @@ from opentelemetry.trace import StatusCode
 from stagelens.exporters import deferred
 from stagelens.exporters.deferred import DeferredTracerProvider
 
-from stagelens.tail_sampling import DeferredSpan, TailSampler, open_stage
+from stagelens.tail_sampling import (
+    DeferredSpan,
+    TailSampler,
+    enter_stage,
+    leave_stage,
+    open_stage,
+)
 
 _KEYS = st.sampled_from([f"k{i}" for i in range(6)])
 _VALUES = st.one_of(
@@ -129,7 +135,6 @@ def test_a_kept_stage_is_built_as_start_span_makes_it(
     pending = root.pending_trace
     stage = DeferredSpan(tracer, "tokenizer", root, pending, dict(attributes))
     _apply(stage, calls)
-    assert open_stage() is None  # closed by its end
     pending.settle(True)
     root.end()
     got_root, got = sorted(_exported(tail, tail_out), key=lambda s: s.name != "root")
@@ -169,15 +174,19 @@ def test_spans_started_inside_a_stage_are_its_children(
     token = context.attach(trace.set_span_in_context(root))
     try:
         outer = DeferredSpan(tracer, "outer", root, root.pending_trace, {})
+        outer_open = enter_stage(outer)
         inner = DeferredSpan(tracer, "inner", root, root.pending_trace, {})
+        inner_open = enter_stage(inner)
         assert inner.parent is outer
         child = tail.get_tracer("other").start_span("child")  # the current context's
         assert trace.get_current_span() is root  # the stage is not made current
         child.end()
+        leave_stage(inner_open)
         inner.end()
         assert open_stage() is outer
         sibling = tracer.start_span("sibling")
         sibling.end()
+        leave_stage(outer_open)
         outer.end()
         after = tracer.start_span("after")
         after.end()

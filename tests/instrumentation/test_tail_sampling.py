@@ -83,8 +83,10 @@ def _scripted_upstream() -> Starlette:
                     await asyncio.sleep(0.01)
                 if kind == "die" and i == 3:
                     raise RuntimeError("engine died mid-stream")
-                delta = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": None}
-                chunk = {"model": kind, "choices": [delta]}
+                last = i == count - 1
+                finish = "stop" if last else None
+                delta = {"index": 0, "delta": {"content": f"t{i} "}, "finish_reason": finish}
+                chunk = {"id": f"chatcmpl-{kind}", "model": kind, "choices": [delta]}
                 yield f"data: {json.dumps(chunk)}\n\n".encode()
             final = {"model": kind, "choices": [], "usage": USAGE, "metrics": ENGINE_METRICS}
             yield f"data: {json.dumps(final)}\n\n".encode()
@@ -185,11 +187,24 @@ def _kind(spans: list[dict[str, Any]]) -> str:
     return names[0].removeprefix("chat ")
 
 
-def _shape(spans: list[dict[str, Any]]) -> Counter[tuple[str, str | None]]:
-    """Each span's name with its parent's (None for the root): the trace's tree, so a
-    stage recorded as data and built when kept must sit where its span sits."""
+_DECIDED_AT_START_ONLY = frozenset({semconv.ATTR_REQUEST_ID})
+"""Set only on a trace sampled from its start: the X-Request-Id that names the inference
+span to vLLM is sent only then (docs/tail-sampling.md, "What the upstream is told")."""
+
+
+def _shape(spans: list[dict[str, Any]]) -> Counter[tuple[str, str | None, frozenset[str]]]:
+    """Each span's name with its parent's (None for the root) and its attribute names:
+    the trace's tree, so a span recorded as data and built when kept must sit where its
+    span sits and say what it says."""
     names = {s["span_id"]: s["name"] for s in spans}
-    return Counter((s["name"], names.get(s["parent_span_id"])) for s in spans)
+    return Counter(
+        (
+            s["name"],
+            names.get(s["parent_span_id"]),
+            frozenset(s["attributes"]) - _DECIDED_AT_START_ONLY,
+        )
+        for s in spans
+    )
 
 
 def _ratio_chosen(trace_id_hex: str, ratio: float) -> bool:
@@ -218,7 +233,9 @@ def _exemplar_traces(telemetry: Telemetry) -> set[str]:
     return found
 
 
-async def _whole_shapes(scripted: Starlette) -> dict[str, Counter[tuple[str, str | None]]]:
+async def _whole_shapes(
+    scripted: Starlette,
+) -> dict[str, Counter[tuple[str, str | None, frozenset[str]]]]:
     """Each kind's trace under always_on: the spans a whole trace has."""
     with otlp_receiver() as server:
         telemetry = _configure(server, ALWAYS_ON)
