@@ -150,6 +150,8 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
                     problem = full_work_problem(scraped.text, served=requests)
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
+                if variant == "tail":
+                    print(f"  tail x {requests}: traces {_decisions(scraped.text)}", flush=True)
 
         asyncio.run(drive())
     finally:
@@ -160,6 +162,28 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     if found is None:
         raise SystemExit(f"no instruction count from valgrind for {variant}:\n{err[-2000:]}")
     return int(found.group(1).replace(",", ""))
+
+
+_DECISION = re.compile(
+    r'^stagelens_trace_decisions_total\{decision="(\w+)",reason="(\w+)"\} ([\d.e+]+)$', re.M
+)
+
+
+def _decisions(text: str) -> str:
+    """What the tail sampler decided, from a scrape: ``kept N (reason n, ...), dropped M``.
+
+    Why printed: under valgrind a request takes ~50 times as long, so each 15 s window of
+    the ``exemplar`` rule holds ~50 times fewer requests and keeps a larger share of them
+    than at real speed; the share kept, built and exported is part of the tail figure."""
+    kept: dict[str, float] = {}
+    dropped = 0.0
+    for decision, reason, value in _DECISION.findall(text):
+        if decision == "kept":
+            kept[reason] = kept.get(reason, 0.0) + float(value)
+        else:
+            dropped += float(value)
+    reasons = ", ".join(f"{r} {n:g}" for r, n in sorted(kept.items()))
+    return f"kept {sum(kept.values()):g} ({reasons}), dropped {dropped:g}"
 
 
 def _export_revision(revision: str, into: Path) -> Path:

@@ -45,7 +45,7 @@ from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan, current_span_in
+from stagelens.tail_sampling import DeferredSpan
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
@@ -126,7 +126,7 @@ class _UpstreamCall(EventReader):
             span = DeferredSpan(
                 telemetry.tracer,
                 f"{operation} {self.model}",
-                current_span_in(current_context()),
+                current_context(),
                 pending,
                 {},
                 SpanKind.CLIENT,

@@ -3,7 +3,9 @@
 Why a class that is both context manager and decorator: stages are blocks of user code
 (``with stage(Stage.TOKENIZER): ...``) or whole functions (``@stage("retrieval")``), sync or
 async. Each entry makes a fresh span and one histogram observation; when tracing is off the
-span is a no-op object and only the metric is recorded.
+span is a no-op object and only the metric is recorded; under the tail sampler, while the
+request's trace is undecided, it is a ``DeferredSpan``: data, built into a span only if the
+trace is kept (docs/tail-sampling.md).
 
 An exception inside a stage is recorded on its span and propagates unchanged. An exception
 carrying an HTTP status >= 400 (``Rejected``, Starlette/FastAPI ``HTTPException``) also
@@ -30,7 +32,7 @@ from stagelens.pricing import Usage
 from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan, current_span_in, enter_stage, leave_stage
+from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
@@ -118,7 +120,8 @@ class stage:
 
     @property
     def span(self) -> trace.Span:
-        """The stage's span (valid inside the block)."""
+        """The stage's span (valid inside the block): a ``DeferredSpan`` while its trace
+        waits for the tail sampler's decision, with the Span API all the same."""
         return self._span if self._span is not None else trace.INVALID_SPAN
 
     # -- context manager --------------------------------------------------------------
@@ -146,9 +149,7 @@ class stage:
             attributes = {sc.ATTR_STAGE: self._name}
             if self._attributes:
                 attributes.update(self._attributes)
-            deferred = DeferredSpan(
-                telemetry.tracer, self._name, current_span_in(ctx), pending, attributes
-            )
+            deferred = DeferredSpan(telemetry.tracer, self._name, ctx, pending, attributes)
             self._span = deferred
             self._open = enter_stage(deferred)
             self._t0 = _perf_counter()

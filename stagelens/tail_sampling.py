@@ -37,7 +37,7 @@ import random
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -82,6 +82,7 @@ _SLOW_SLIS: Final = frozenset({sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT})
 _SPAN_KEY: Final = _compat.span_key()
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
+_time_ns: Final = time.time_ns
 
 
 class TailSampler(Sampler):
@@ -158,11 +159,12 @@ class PendingTrace:
     moment of the decision could be left out of a kept trace (never added to a dropped
     one)."""
 
-    __slots__ = ("_release", "_spans", "head", "kept", "owner")
+    __slots__ = ("_release", "head", "held", "kept", "owner")
 
     def __init__(self, release: Callable[[Any], None], head: str | None = None) -> None:
         self._release = release
-        self._spans: list[Any] = []
+        self.held: list[Any] = []
+        """The trace's spans ended while it is undecided."""
         self.head = head
         """``parent`` or ``ratio`` when kept at the start, else None."""
         self.kept: bool | None = True if head is not None else None
@@ -173,7 +175,7 @@ class PendingTrace:
         """A span of the trace ended: hold it, export it or drop it, as decided so far."""
         kept = self.kept
         if kept is None:
-            self._spans.append(span)
+            self.held.append(span)
         elif kept:
             self._release(span)
 
@@ -182,7 +184,7 @@ class PendingTrace:
         if self.kept is not None:
             return
         self.kept = keep
-        spans, self._spans = self._spans, []
+        spans, self.held = self.held, []
         if keep:
             release = self._release
             for span in spans:
@@ -194,13 +196,6 @@ _OPEN: contextvars.ContextVar[DeferredSpan | None] = contextvars.ContextVar(
 )
 open_stage: Final[Callable[[], DeferredSpan | None]] = _OPEN.get
 """The innermost ``DeferredSpan`` open in this context, or None (one C call)."""
-
-
-def current_span_in(ctx: Context) -> trace.Span:
-    """The span current in ``ctx`` as the OpenTelemetry API finds it (one lookup where
-    ``_compat.span_key`` knows the key)."""
-    found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
-    return cast("trace.Span", found) if found is not None else get_current_span(ctx)
 
 
 class DeferredSpan(trace.Span):
@@ -242,7 +237,7 @@ class DeferredSpan(trace.Span):
         self,
         tracer: trace.Tracer,
         name: str,
-        anchor: trace.Span,
+        ctx: Context,
         pending: PendingTrace,
         attributes: dict[str, Any],
         kind: SpanKind = SpanKind.INTERNAL,
@@ -250,16 +245,19 @@ class DeferredSpan(trace.Span):
         self.tracer = tracer
         self.kind = kind
         self.name = name
+        # One lookup where _compat.span_key knows the key, else as the API finds it.
+        found: Any = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+        anchor = found if found is not None else get_current_span(ctx)
         self.anchor = anchor
-        """The span current in the OpenTelemetry context when the stage began."""
+        """The span current in ``ctx`` (the OpenTelemetry context) when it began."""
         opened = _OPEN.get()
         self.parent: trace.Span = (
             opened if opened is not None and opened.anchor is anchor else anchor
         )
-        """The stage's parent: the stage open around it, else ``anchor``."""
+        """Its parent: the stage open around it, else ``anchor``."""
         self.pending = pending
         self.attributes = attributes
-        self.start_time = time.time_ns()
+        self.start_time = _time_ns()
         self.end_time: int | None = None
         self.span_id = 0
         """0 until drawn (``get_span_context``)."""
@@ -339,23 +337,23 @@ class DeferredSpan(trace.Span):
         """Hand it to its trace: held, built or dropped, as the trace is decided."""
         if self.end_time is not None:
             return
-        self.end_time = end_time if end_time is not None else time.time_ns()
-        self.pending.add(self)
+        self.end_time = end_time if end_time is not None else _time_ns()
+        pending = self.pending
+        if pending.kept is None:  # PendingTrace.add's first case, without the call
+            pending.held.append(self)
+        else:
+            pending.add(self)
 
 
 COMPLETE: Final = "when_built"
 """The method name under which ``DeferredSpan.calls`` lists a ``when_built`` function."""
 
 
-def enter_stage(span: DeferredSpan) -> contextvars.Token[DeferredSpan | None]:
-    """Open ``span`` as the stage in this context (``open_stage``), until ``leave_stage``
-    with the token, in the same context (a ``with`` block's exit)."""
-    return _OPEN.set(span)
-
-
-def leave_stage(token: contextvars.Token[DeferredSpan | None]) -> None:
-    """Close the stage ``enter_stage`` opened."""
-    _OPEN.reset(token)
+enter_stage: Final[Callable[[DeferredSpan], contextvars.Token[DeferredSpan | None]]] = _OPEN.set
+"""Open a ``DeferredSpan`` as the stage in this context (``open_stage``), until
+``leave_stage`` with the token it returns, in the same context (a ``with`` block's exit)."""
+leave_stage: Final[Callable[[contextvars.Token[DeferredSpan | None]], None]] = _OPEN.reset
+"""Close the stage ``enter_stage`` opened."""
 
 
 def _draw_span_id() -> int:

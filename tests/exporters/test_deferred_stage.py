@@ -133,7 +133,9 @@ def test_a_kept_stage_is_built_as_start_span_makes_it(
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
     pending = root.pending_trace
-    stage = DeferredSpan(tracer, "tokenizer", root, pending, dict(attributes))
+    stage = DeferredSpan(
+        tracer, "tokenizer", trace.set_span_in_context(root), pending, dict(attributes)
+    )
     _apply(stage, calls)
     pending.settle(True)
     root.end()
@@ -148,7 +150,7 @@ def test_the_attribute_limit_holds_as_on_a_span(providers: tuple[Any, Any, Any, 
     tail, tail_out, _, _ = providers
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = DeferredSpan(tracer, "s", root, root.pending_trace, {})
+    stage = DeferredSpan(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
     for i in range(200):
         stage.set_attribute(f"a{i}", i)
     stage.set_attribute("a5", "again")
@@ -173,9 +175,13 @@ def test_spans_started_inside_a_stage_are_its_children(
     root = tracer.start_span("root")
     token = context.attach(trace.set_span_in_context(root))
     try:
-        outer = DeferredSpan(tracer, "outer", root, root.pending_trace, {})
+        outer = DeferredSpan(
+            tracer, "outer", trace.set_span_in_context(root), root.pending_trace, {}
+        )
         outer_open = enter_stage(outer)
-        inner = DeferredSpan(tracer, "inner", root, root.pending_trace, {})
+        inner = DeferredSpan(
+            tracer, "inner", trace.set_span_in_context(root), root.pending_trace, {}
+        )
         inner_open = enter_stage(inner)
         assert inner.parent is outer
         child = tail.get_tracer("other").start_span("child")  # the current context's
@@ -217,7 +223,7 @@ def test_a_dropped_trace_builds_nothing_and_draws_no_id(
     monkeypatch.setattr(deferred, "_built", lambda stage: built.append(stage))
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = DeferredSpan(tracer, "s", root, root.pending_trace, {})
+    stage = DeferredSpan(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
     stage.set_attribute("k", 1)
     stage.end()
     root.pending_trace.settle(False)
@@ -236,7 +242,9 @@ def test_a_stage_ending_after_the_decision_follows_it(
     tracer = tail.get_tracer("t")
     for keep in (True, False):
         root = tracer.start_span("root")
-        stage = DeferredSpan(tracer, "late", root, root.pending_trace, {})
+        stage = DeferredSpan(
+            tracer, "late", trace.set_span_in_context(root), root.pending_trace, {}
+        )
         root.pending_trace.settle(keep)
         root.end()
         stage.end()
