@@ -524,9 +524,18 @@ class DeferredTracerProvider(trace.TracerProvider):
 
     # -- hot path -----------------------------------------------------------------------
     def _release(self, span: RecordedSpan | DeferredSpan) -> None:
-        """A span of a kept trace (tail sampler), to the queue: a stage recorded as data
-        (``DeferredSpan``) is built into a span first."""
-        self._enqueue(span if isinstance(span, RecordedSpan) else _built(span))
+        """A span of a kept trace (tail sampler), to the queue: one recorded as data
+        (``DeferredSpan``) is built into a span first. Building runs where the trace is
+        decided or the span ends (the middleware, a stage's exit): a failure there (its
+        ``when_built`` functions included) drops that span only, counted as a failed
+        export and logged once, and never reaches the request."""
+        if not isinstance(span, RecordedSpan):
+            try:
+                span = _built(span)
+            except Exception as exc:  # by type only: a message may quote content
+                self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
+                return
+        self._enqueue(span)
 
     def _enqueue(self, span: RecordedSpan) -> None:
         queue = self._queue

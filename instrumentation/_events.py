@@ -418,7 +418,9 @@ class EventReader:
         last = self._last_fast
         newer = last is not self._usage_after  # came after the event that gave ``_usage``
         if self._span_later and last is not None and not newer and self._ended:
-            # Only the span's part would be read: left until it is known to be built.
+            # Only the span's part would be read below: left until the span is built.
+            # (Not newer means ``_usage`` is set: ``take`` sets it with ``_usage_after``,
+            # and nothing unsets it; ended, a finish reason changes nothing else.)
             self._span_left = True
         elif last is not None and (newer or not self._ended or self._recording):
             facts = _quiet(last[5:].strip())  # read once: it was never parsed

@@ -250,3 +250,47 @@ def test_a_stage_ending_after_the_decision_follows_it(
         stage.end()
         names = sorted(s.name for s in _exported(tail, tail_out))
         assert names == (["late", "root"] if keep else [])
+
+
+def test_a_span_that_fails_to_build_is_dropped_alone_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A when_built function that raises drops its span only: the trace's other spans are
+    exported, the drop is counted as a failed export, the log says the type and not the
+    message, and nothing reaches the code that decided or ended the span."""
+    dropped: list[tuple[str, int]] = []
+    exporter = InMemorySpanExporter()
+    provider = DeferredTracerProvider(
+        [exporter],
+        lambda reason, n: dropped.append((reason, n)),
+        resource=Resource({}),
+        sampler=TailSampler(0.0),
+    )
+    try:
+        tracer = provider.get_tracer("t")
+        root = tracer.start_span("root")
+        pending = root.pending_trace
+        ctx = trace.set_span_in_context(root)
+        bad = DeferredSpan(tracer, "bad", ctx, pending, {})
+
+        def broken(span: trace.Span) -> None:
+            raise ValueError("the prompt was: secret")
+
+        bad.when_built(broken)
+        bad.end()
+        good = DeferredSpan(tracer, "good", ctx, pending, {})
+        good.end()
+        with caplog.at_level("WARNING", logger="stagelens"):
+            pending.settle(True)  # does not raise
+            late = DeferredSpan(tracer, "late", ctx, pending, {})
+            late.when_built(broken)
+            late.end()  # nor does an end after the decision
+        root.end()
+        provider.force_flush()
+        assert sorted(s.name for s in exporter.get_finished_spans()) == ["good", "root"]
+        assert dropped == [(deferred.REASON_EXPORT_FAILED, 1)] * 2
+        assert len(caplog.records) == 1
+        assert "ValueError" in caplog.text
+        assert "secret" not in caplog.text
+    finally:
+        provider.shutdown()
