@@ -62,7 +62,9 @@ from stagelens.tail_sampling import (
     COMPLETE,
     DeferredSpan,
     PendingTrace,
+    StageRecord,
     TailSampler,
+    anchor_in,
     child_parent,
     open_stage,
     sampler_from_env,
@@ -523,7 +525,7 @@ class DeferredTracerProvider(trace.TracerProvider):
         return tracer
 
     # -- hot path -----------------------------------------------------------------------
-    def _release(self, span: RecordedSpan | DeferredSpan) -> None:
+    def _release(self, span: RecordedSpan | DeferredSpan | StageRecord) -> None:
         """A span of a kept trace (tail sampler), to the queue: one recorded as data
         (``DeferredSpan``) is built into a span first. Building runs where the trace is
         decided or the span ends (the middleware, a stage's exit): a failure there (its
@@ -531,7 +533,7 @@ class DeferredTracerProvider(trace.TracerProvider):
         export and logged once, and never reaches the request."""
         if not isinstance(span, RecordedSpan):
             try:
-                span = _built(span)
+                span = _built(span) if isinstance(span, DeferredSpan) else _built_stage(span)
             except Exception as exc:  # by type only: a message may quote content
                 self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
                 return
@@ -660,6 +662,35 @@ def _built(stage: DeferredSpan) -> RecordedSpan:
         else:
             getattr(span, method)(*args)
     span._end = stage.end_time if stage.end_time is not None else stage.start_time
+    return span
+
+
+def _built_stage(record: StageRecord) -> RecordedSpan:
+    """The span of a stage held as a ``StageRecord``, as ``stage()`` makes it when the
+    trace is sampled from its start: its name as ``stagelens.stage``, then the attributes
+    given to ``stage()``."""
+    tracer, name, given, parent, start, end = record
+    if not isinstance(tracer, DeferredTracer):
+        raise TypeError(f"a stage of {type(tracer).__name__}, not of a DeferredTracer")
+    if isinstance(parent, otel_context.Context):
+        parent = anchor_in(parent)
+    parent_ctx = parent.get_span_context()
+    span = RecordedSpan(
+        tracer._provider,
+        tracer._scope,
+        name,
+        parent_ctx.trace_id,
+        parent_ctx.span_id,
+        False,
+        parent_ctx.trace_state,
+        SpanKind.INTERNAL,
+        start,
+        {semconv.ATTR_STAGE: name},
+        None,
+    )
+    if given:
+        span.set_attributes(dict(given))
+    span._end = end
     return span
 
 

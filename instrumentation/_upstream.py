@@ -45,7 +45,7 @@ from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan
+from stagelens.tail_sampling import DeferredSpan, deferred_span
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
@@ -123,7 +123,7 @@ class _UpstreamCall(EventReader):
         elif state is not None and (pending := state.pending) is not None and pending.kept is None:
             # The tail sampler, undecided: the span as data (see DeferredSpan), its
             # attributes read from the payload and the answer only if the trace is kept.
-            span = DeferredSpan(
+            span = deferred_span(
                 telemetry.tracer,
                 f"{operation} {self.model}",
                 current_context(),

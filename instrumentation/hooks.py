@@ -32,7 +32,16 @@ from stagelens.pricing import Usage
 from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
+from stagelens.tail_sampling import (
+    DeferredSpan,
+    OpenStage,
+    StageRecord,
+    anchor_in,
+    enter_stage,
+    leave_stage,
+    outer_stage,
+    parent_under,
+)
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
@@ -77,6 +86,8 @@ class Rejected(Exception):
 
 
 _perf_counter: Final = time.perf_counter
+_time_ns: Final = time.time_ns
+_NO_STAGE: Final = contextvars.Token.MISSING
 _STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
 """Stage members to label values without the enum's ``.value`` descriptor on each use."""
 
@@ -91,10 +102,12 @@ class stage:
 
     __slots__ = (
         "_attributes",
+        "_ctx",
         "_ctx_token",
         "_name",
         "_open",
         "_span",
+        "_start_ns",
         "_state",
         "_t0",
         "_telemetry",
@@ -102,16 +115,20 @@ class stage:
     _state: RequestState | None
     _telemetry: Telemetry | None
     _t0: float
-    _open: contextvars.Token[DeferredSpan | None] | None
+    _ctx: Context
+    _start_ns: int
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
         self._name = _STAGE_NAMES.get(name) or str(name)
         self._attributes = attributes
         self._span: trace.Span | None = None
         self._ctx_token: contextvars.Token[Context] | None = None
-        # _state, _telemetry and _t0 are set by every path of __enter__; _open (the
-        # ``enter_stage`` token of a DeferredSpan) by the one path that leaves _ctx_token
-        # None and _telemetry set, the only one on which __exit__ reads it.
+        self._open: contextvars.Token[OpenStage | None] | None = None
+        """Set while the stage is open as a stage of an undecided trace (``enter_stage``):
+        it is data then, and becomes a ``DeferredSpan`` only when something asks for its
+        span (``deferred``)."""
+        # _state, _telemetry and _t0 are set by every path of __enter__; _ctx and
+        # _start_ns by the one that sets _open.
 
     @property
     def name(self) -> str:
@@ -122,7 +139,49 @@ class stage:
     def span(self) -> trace.Span:
         """The stage's span (valid inside the block): a ``DeferredSpan`` while its trace
         waits for the tail sampler's decision, with the Span API all the same."""
-        return self._span if self._span is not None else trace.INVALID_SPAN
+        span = self._span
+        if span is None and self._open is not None:
+            span = self._span = self._deferred(self._open)
+        return span if span is not None else trace.INVALID_SPAN
+
+    # -- a stage of an undecided trace (OpenStage) ------------------------------------
+    @property
+    def anchor(self) -> trace.Span:
+        """The span current in the OpenTelemetry context when the stage began."""
+        return anchor_in(self._ctx)
+
+    def deferred(self) -> DeferredSpan:
+        """The stage's span as data, made now if nothing asked for it before (a span
+        started inside the stage, a stage inside it)."""
+        span = self._span
+        if type(span) is DeferredSpan:
+            return span
+        if self._open is None:
+            raise RuntimeError(f"stage {self._name!r} is not open as a stage of a pending trace")
+        deferred = self._deferred(self._open)
+        self._span = deferred
+        return deferred
+
+    def _deferred(self, token: contextvars.Token[OpenStage | None]) -> DeferredSpan:
+        """The ``DeferredSpan`` this stage stands for, as it began (``token``: its
+        ``enter_stage``, which knows the stage open around it)."""
+        state, telemetry = self._state, self._telemetry
+        assert state is not None  # set with _open by __enter__
+        assert state.pending is not None
+        assert telemetry is not None
+        attributes = {sc.ATTR_STAGE: self._name}
+        if self._attributes:
+            attributes.update(self._attributes)
+        anchor = anchor_in(self._ctx)
+        return DeferredSpan(
+            telemetry.tracer,
+            self._name,
+            anchor,
+            parent_under(anchor, outer_stage(token)),
+            state.pending,
+            attributes,
+            start_time=self._start_ns,
+        )
 
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
@@ -145,13 +204,11 @@ class stage:
         pending = state.pending if state is not None else None
         if pending is not None and pending.kept is None:
             # Its trace's keep decision waits for the request's end (the tail sampler),
-            # which drops most: the stage is recorded as data, a span only if kept.
-            attributes = {sc.ATTR_STAGE: self._name}
-            if self._attributes:
-                attributes.update(self._attributes)
-            deferred = DeferredSpan(telemetry.tracer, self._name, ctx, pending, attributes)
-            self._span = deferred
-            self._open = enter_stage(deferred)
+            # which drops most: the stage is recorded as data (a StageRecord at its
+            # exit), a span only if kept.
+            self._ctx = ctx
+            self._start_ns = _time_ns()
+            self._open = enter_stage(self)
             self._t0 = _perf_counter()
             return self
         span = telemetry.tracer.start_span(
@@ -182,18 +239,21 @@ class stage:
                         state.reject(self._name)
             return
         span = self._span
+        token = self._open
         if self._ctx_token is not None:
             try:
                 context.detach(self._ctx_token)
             except Exception as err:  # a detach in another context must not break the app
                 telemetry.report_error("context", err)
             self._ctx_token = None
-        elif self._open is not None:
+        elif token is not None:
             try:
-                leave_stage(self._open)
+                leave_stage(token)
             except Exception as err:  # as detach: never breaks the app
                 telemetry.report_error("context", err)
             self._open = None
+            if span is None and exc is not None:  # the failure is recorded on its span
+                span = self._deferred(token)
         if state is not None:
             state.stage_times.append((self._name, elapsed))
         else:
@@ -211,6 +271,25 @@ class stage:
         if span is not None:
             span.end()
             self._span = None
+        elif token is not None and state is not None and (pending := state.pending) is not None:
+            # Nothing asked for its span: held as a StageRecord. Its parent is the span
+            # of its context, found when built; inside another open stage (which may be
+            # gone or entered anew by then), that stage's span, found now.
+            outer = token.old_value
+            record: StageRecord = (
+                telemetry.tracer,
+                self._name,
+                self._attributes,
+                self._ctx
+                if outer is _NO_STAGE or outer is None
+                else parent_under(anchor_in(self._ctx), outer),
+                self._start_ns,
+                _time_ns(),
+            )
+            if pending.kept is None:  # PendingTrace.add's first case, without the call
+                pending.held.append(record)
+            else:
+                pending.add(record)
 
     async def __aenter__(self) -> stage:
         return self.__enter__()

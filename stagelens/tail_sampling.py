@@ -37,7 +37,7 @@ import random
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -191,11 +191,47 @@ class PendingTrace:
                 release(span)
 
 
-_OPEN: contextvars.ContextVar[DeferredSpan | None] = contextvars.ContextVar(
+class OpenStage(Protocol):
+    """A stage of an undecided trace, open in a context (``enter_stage``): ``stage()``
+    itself, which records a ``DeferredSpan`` only when something asks for its span, or a
+    ``DeferredSpan``."""
+
+    @property
+    def anchor(self) -> trace.Span:
+        """The span current in the OpenTelemetry context when the stage began."""
+        ...
+
+    def deferred(self) -> DeferredSpan:
+        """The stage's span as data, made on the first call."""
+        ...
+
+
+StageRecord = tuple[trace.Tracer, str, "Mapping[str, Any] | None", "trace.Span | Context", int, int]
+"""A stage of an undecided trace that nothing asked the span of, held with its trace as
+``(tracer, name, attributes given to stage(), parent, start, end)`` (``time_ns``): a tuple,
+the cheapest record there is; the deferred tracer builds the span from it only if the
+trace is kept. The parent is a span, or the context the stage began in, whose current
+span it is (``anchor_in``, read only for a kept trace)."""
+
+_OPEN: contextvars.ContextVar[OpenStage | None] = contextvars.ContextVar(
     "stagelens_open_stage", default=None
 )
-open_stage: Final[Callable[[], DeferredSpan | None]] = _OPEN.get
-"""The innermost ``DeferredSpan`` open in this context, or None (one C call)."""
+open_stage: Final[Callable[[], OpenStage | None]] = _OPEN.get
+"""The innermost stage open in this context, or None (one C call)."""
+
+
+def anchor_in(ctx: Context) -> trace.Span:
+    """The span current in ``ctx``: one lookup where ``_compat.span_key`` knows the key,
+    else as the OpenTelemetry API finds it."""
+    found: Any = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
+    return found if found is not None else get_current_span(ctx)
+
+
+def parent_under(anchor: trace.Span, opened: OpenStage | None) -> trace.Span:
+    """The parent of what begins with ``anchor`` current while ``opened`` is the open
+    stage: that stage (its span as data) when it began under ``anchor`` too, else
+    ``anchor``."""
+    return opened.deferred() if opened is not None and opened.anchor is anchor else anchor
 
 
 class DeferredSpan(trace.Span):
@@ -237,32 +273,32 @@ class DeferredSpan(trace.Span):
         self,
         tracer: trace.Tracer,
         name: str,
-        ctx: Context,
+        anchor: trace.Span,
+        parent: trace.Span,
         pending: PendingTrace,
         attributes: dict[str, Any],
         kind: SpanKind = SpanKind.INTERNAL,
+        start_time: int | None = None,
     ) -> None:
         self.tracer = tracer
         self.kind = kind
         self.name = name
-        # One lookup where _compat.span_key knows the key, else as the API finds it.
-        found: Any = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
-        anchor = found if found is not None else get_current_span(ctx)
         self.anchor = anchor
-        """The span current in ``ctx`` (the OpenTelemetry context) when it began."""
-        opened = _OPEN.get()
-        self.parent: trace.Span = (
-            opened if opened is not None and opened.anchor is anchor else anchor
-        )
-        """Its parent: the stage open around it, else ``anchor``."""
+        """The span current in the OpenTelemetry context when it began."""
+        self.parent = parent
+        """Its parent: the stage open around it (``parent_under``), else ``anchor``."""
         self.pending = pending
         self.attributes = attributes
-        self.start_time = _time_ns()
+        self.start_time = start_time if start_time is not None else _time_ns()
         self.end_time: int | None = None
         self.span_id = 0
         """0 until drawn (``get_span_context``)."""
         self._calls: list[tuple[str, tuple[Any, ...]]] | None = None
         self._context: SpanContext | None = None
+
+    def deferred(self) -> DeferredSpan:
+        """Itself (``OpenStage``)."""
+        return self
 
     @property
     def calls(self) -> Sequence[tuple[str, tuple[Any, ...]]]:
@@ -349,11 +385,32 @@ COMPLETE: Final = "when_built"
 """The method name under which ``DeferredSpan.calls`` lists a ``when_built`` function."""
 
 
-enter_stage: Final[Callable[[DeferredSpan], contextvars.Token[DeferredSpan | None]]] = _OPEN.set
-"""Open a ``DeferredSpan`` as the stage in this context (``open_stage``), until
-``leave_stage`` with the token it returns, in the same context (a ``with`` block's exit)."""
-leave_stage: Final[Callable[[contextvars.Token[DeferredSpan | None]], None]] = _OPEN.reset
+def deferred_span(
+    tracer: trace.Tracer,
+    name: str,
+    ctx: Context,
+    pending: PendingTrace,
+    attributes: dict[str, Any],
+    kind: SpanKind = SpanKind.INTERNAL,
+) -> DeferredSpan:
+    """A ``DeferredSpan`` beginning now in ``ctx``, under the stage open there."""
+    anchor = anchor_in(ctx)
+    parent = parent_under(anchor, _OPEN.get())
+    return DeferredSpan(tracer, name, anchor, parent, pending, attributes, kind)
+
+
+enter_stage: Final[Callable[[OpenStage], contextvars.Token[OpenStage | None]]] = _OPEN.set
+"""Open a stage in this context (``open_stage``), until ``leave_stage`` with the token it
+returns, in the same context (a ``with`` block's exit). The token's ``old_value`` is the
+stage open around it (``contextvars.Token.MISSING`` for none yet in this context)."""
+leave_stage: Final[Callable[[contextvars.Token[OpenStage | None]], None]] = _OPEN.reset
 """Close the stage ``enter_stage`` opened."""
+
+
+def outer_stage(token: contextvars.Token[OpenStage | None]) -> OpenStage | None:
+    """The stage that was open when ``enter_stage`` gave ``token``, or None."""
+    outer = token.old_value
+    return None if outer is contextvars.Token.MISSING else outer
 
 
 def _draw_span_id() -> int:
@@ -365,10 +422,9 @@ def _draw_span_id() -> int:
 
 def child_parent(parent: trace.Span) -> trace.Span:
     """The parent a span started now under ``parent`` (the context's current span) has:
-    the ``DeferredSpan`` open in this context when it began under ``parent``, else
-    ``parent`` itself."""
-    opened = _OPEN.get()
-    return opened if opened is not None and opened.anchor is parent else parent
+    the stage open in this context when it began under ``parent`` (its span as data),
+    else ``parent`` itself."""
+    return parent_under(parent, _OPEN.get())
 
 
 def keep_reason(

@@ -4,6 +4,7 @@ calls, it sits where that span would in the tree, and a dropped trace builds not
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,12 +17,17 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
+from prometheus_client import CollectorRegistry
 from stagelens.exporters import deferred
 from stagelens.exporters.deferred import DeferredTracerProvider
+from stagelens.instrumentation.hooks import stage
 
+from stagelens import configure
+from stagelens.request import RequestState, _enter, _exit
+from stagelens.stages import Stage
 from stagelens.tail_sampling import (
-    DeferredSpan,
     TailSampler,
+    deferred_span,
     enter_stage,
     leave_stage,
     open_stage,
@@ -133,7 +139,7 @@ def test_a_kept_stage_is_built_as_start_span_makes_it(
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
     pending = root.pending_trace
-    stage = DeferredSpan(
+    stage = deferred_span(
         tracer, "tokenizer", trace.set_span_in_context(root), pending, dict(attributes)
     )
     _apply(stage, calls)
@@ -150,7 +156,7 @@ def test_the_attribute_limit_holds_as_on_a_span(providers: tuple[Any, Any, Any, 
     tail, tail_out, _, _ = providers
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = DeferredSpan(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
+    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
     for i in range(200):
         stage.set_attribute(f"a{i}", i)
     stage.set_attribute("a5", "again")
@@ -175,11 +181,11 @@ def test_spans_started_inside_a_stage_are_its_children(
     root = tracer.start_span("root")
     token = context.attach(trace.set_span_in_context(root))
     try:
-        outer = DeferredSpan(
+        outer = deferred_span(
             tracer, "outer", trace.set_span_in_context(root), root.pending_trace, {}
         )
         outer_open = enter_stage(outer)
-        inner = DeferredSpan(
+        inner = deferred_span(
             tracer, "inner", trace.set_span_in_context(root), root.pending_trace, {}
         )
         inner_open = enter_stage(inner)
@@ -223,7 +229,7 @@ def test_a_dropped_trace_builds_nothing_and_draws_no_id(
     monkeypatch.setattr(deferred, "_built", lambda stage: built.append(stage))
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = DeferredSpan(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
+    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
     stage.set_attribute("k", 1)
     stage.end()
     root.pending_trace.settle(False)
@@ -242,7 +248,7 @@ def test_a_stage_ending_after_the_decision_follows_it(
     tracer = tail.get_tracer("t")
     for keep in (True, False):
         root = tracer.start_span("root")
-        stage = DeferredSpan(
+        stage = deferred_span(
             tracer, "late", trace.set_span_in_context(root), root.pending_trace, {}
         )
         root.pending_trace.settle(keep)
@@ -271,18 +277,18 @@ def test_a_span_that_fails_to_build_is_dropped_alone_counted_and_logged_once(
         root = tracer.start_span("root")
         pending = root.pending_trace
         ctx = trace.set_span_in_context(root)
-        bad = DeferredSpan(tracer, "bad", ctx, pending, {})
+        bad = deferred_span(tracer, "bad", ctx, pending, {})
 
         def broken(span: trace.Span) -> None:
             raise ValueError("the prompt was: secret")
 
         bad.when_built(broken)
         bad.end()
-        good = DeferredSpan(tracer, "good", ctx, pending, {})
+        good = deferred_span(tracer, "good", ctx, pending, {})
         good.end()
         with caplog.at_level("WARNING", logger="stagelens"):
             pending.settle(True)  # does not raise
-            late = DeferredSpan(tracer, "late", ctx, pending, {})
+            late = deferred_span(tracer, "late", ctx, pending, {})
             late.when_built(broken)
             late.end()  # nor does an end after the decision
         root.end()
@@ -294,3 +300,74 @@ def test_a_span_that_fails_to_build_is_dropped_alone_counted_and_logged_once(
         assert "secret" not in caplog.text
     finally:
         provider.shutdown()
+
+
+def _stages_of(sampler: Any) -> list[tuple[Any, ...]]:
+    """One request's stages through ``stage()`` under ``sampler`` (the trace kept at its
+    end under the tail sampler): plain, with attributes, nested, a span started inside
+    one, ``.span`` used, a failure, one object entered twice, a decorated coroutine.
+    Returns the exported tree: each span's name, parent's name, attributes, events'
+    names and attribute names, status."""
+    exporter = InMemorySpanExporter()
+    telemetry = configure(
+        span_exporters=[exporter],
+        registry=CollectorRegistry(),
+        set_global=False,
+        gpu=False,
+        sampler=sampler,
+    )
+
+    @stage("decorated")
+    async def decorated() -> None:
+        with stage("inside"):
+            await asyncio.sleep(0)
+
+    root = telemetry.tracer.start_span("root")
+    state = RequestState(telemetry, root)
+    entered = _enter(state)
+    attached = context.attach(trace.set_span_in_context(root))
+    try:
+        with stage(Stage.TOKENIZER):
+            pass
+        with stage("retrieval", {"k": 1, "none": None}) as outer:
+            outer.span.set_attribute("found", 3)
+            with stage("inner"):
+                telemetry.tracer.start_span("child").end()
+            with stage("leaf"):
+                pass
+        again = stage("again")
+        for _ in range(2):
+            with again:
+                pass
+        with pytest.raises(ValueError, match="boom"), stage("fails"):
+            raise ValueError("boom")
+        asyncio.run(decorated())
+    finally:
+        context.detach(attached)
+        _exit(entered)
+    if state.pending is not None:
+        state.pending.settle(True)
+    root.end()
+    telemetry.force_flush()
+    spans = exporter.get_finished_spans()
+    telemetry.shutdown()
+    names = {s.context.span_id: s.name for s in spans}
+    return sorted(
+        (
+            s.name,
+            names.get(s.parent.span_id) if s.parent else None,
+            sorted(dict(s.attributes or {}).items()),
+            [(e.name, sorted(e.attributes or {})) for e in s.events],
+            s.status.status_code,
+        )
+        for s in spans
+    )
+
+
+def test_stage_records_build_the_tree_always_on_records() -> None:
+    """Through ``stage()`` itself: every stage of a kept trace, recorded as data (a
+    StageRecord, or a DeferredSpan where its span was asked for), is exported as
+    always_on exports it: names, parents, attributes, events, statuses."""
+    kept = _stages_of(TailSampler(0.0))
+    assert kept == _stages_of(ALWAYS_ON)
+    assert len(kept) == 11  # root, 9 stage spans (one entered twice), the child
