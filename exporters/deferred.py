@@ -689,7 +689,7 @@ def _built_stage(record: StageRecord) -> RecordedSpan:
         None,
     )
     if given:
-        span.set_attributes(dict(given))
+        span.set_attributes(given)
     span._end = end
     return span
 

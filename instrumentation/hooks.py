@@ -104,6 +104,7 @@ class stage:
         "_attributes",
         "_ctx",
         "_ctx_token",
+        "_given",
         "_name",
         "_open",
         "_span",
@@ -116,6 +117,7 @@ class stage:
     _telemetry: Telemetry | None
     _t0: float
     _ctx: Context
+    _given: dict[str, Any] | None
     _start_ns: int
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
@@ -127,8 +129,8 @@ class stage:
         """Set while the stage is open as a stage of an undecided trace (``enter_stage``):
         it is data then, and becomes a ``DeferredSpan`` only when something asks for its
         span (``deferred``)."""
-        # _state, _telemetry and _t0 are set by every path of __enter__; _ctx and
-        # _start_ns by the one that sets _open.
+        # _state, _telemetry and _t0 are set by every path of __enter__; _ctx, _given
+        # and _start_ns by the one that sets _open.
 
     @property
     def name(self) -> str:
@@ -150,14 +152,16 @@ class stage:
         """The span current in the OpenTelemetry context when the stage began."""
         return anchor_in(self._ctx)
 
-    def deferred(self) -> DeferredSpan:
+    def deferred(self) -> DeferredSpan | None:
         """The stage's span as data, made now if nothing asked for it before (a span
-        started inside the stage, a stage inside it)."""
+        started inside the stage, a stage inside it); None once the stage has closed
+        (a task begun inside it starting a span later): its record is held already, and
+        the span goes under the stage's parent instead."""
         span = self._span
         if type(span) is DeferredSpan:
             return span
         if self._open is None:
-            raise RuntimeError(f"stage {self._name!r} is not open as a stage of a pending trace")
+            return None
         deferred = self._deferred(self._open)
         self._span = deferred
         return deferred
@@ -170,8 +174,8 @@ class stage:
         assert state.pending is not None
         assert telemetry is not None
         attributes = {sc.ATTR_STAGE: self._name}
-        if self._attributes:
-            attributes.update(self._attributes)
+        if self._given:
+            attributes.update(self._given)
         anchor = anchor_in(self._ctx)
         return DeferredSpan(
             telemetry.tracer,
@@ -207,6 +211,8 @@ class stage:
             # which drops most: the stage is recorded as data (a StageRecord at its
             # exit), a span only if kept.
             self._ctx = ctx
+            given = self._attributes
+            self._given = dict(given) if given else None  # as a span takes them, now
             self._start_ns = _time_ns()
             self._open = enter_stage(self)
             self._t0 = _perf_counter()
@@ -279,7 +285,7 @@ class stage:
             record: StageRecord = (
                 telemetry.tracer,
                 self._name,
-                self._attributes,
+                self._given,
                 self._ctx
                 if outer is _NO_STAGE or outer is None
                 else parent_under(anchor_in(self._ctx), outer),

@@ -201,8 +201,9 @@ class OpenStage(Protocol):
         """The span current in the OpenTelemetry context when the stage began."""
         ...
 
-    def deferred(self) -> DeferredSpan:
-        """The stage's span as data, made on the first call."""
+    def deferred(self) -> DeferredSpan | None:
+        """The stage's span as data, made on the first call; None once the stage has
+        closed without one (its record is held already)."""
         ...
 
 
@@ -231,7 +232,11 @@ def parent_under(anchor: trace.Span, opened: OpenStage | None) -> trace.Span:
     """The parent of what begins with ``anchor`` current while ``opened`` is the open
     stage: that stage (its span as data) when it began under ``anchor`` too, else
     ``anchor``."""
-    return opened.deferred() if opened is not None and opened.anchor is anchor else anchor
+    if opened is not None and opened.anchor is anchor:
+        span = opened.deferred()
+        if span is not None:
+            return span
+    return anchor
 
 
 class DeferredSpan(trace.Span):

@@ -341,6 +341,9 @@ def _stages_of(sampler: Any) -> list[tuple[Any, ...]]:
                 pass
         with pytest.raises(ValueError, match="boom"), stage("fails"):
             raise ValueError("boom")
+        given = {"k": 1}
+        with stage("mutated", given):
+            given["k"] = 2  # a span takes the attributes given as they were at the start
         asyncio.run(decorated())
     finally:
         context.detach(attached)
@@ -370,4 +373,46 @@ def test_stage_records_build_the_tree_always_on_records() -> None:
     always_on exports it: names, parents, attributes, events, statuses."""
     kept = _stages_of(TailSampler(0.0))
     assert kept == _stages_of(ALWAYS_ON)
-    assert len(kept) == 11  # root, 9 stage spans (one entered twice), the child
+    assert len(kept) == 12  # root, 10 stage spans (one entered twice), the child
+
+
+def test_a_span_started_after_its_stage_closed_goes_under_the_stage_parent() -> None:
+    """A task begun inside a stage of a pending trace that starts a span after the stage
+    has closed (its record held already) neither fails nor loses the span: the span hangs
+    under the stage's parent (docs/tail-sampling.md says so)."""
+    exporter = InMemorySpanExporter()
+    telemetry = configure(
+        span_exporters=[exporter],
+        registry=CollectorRegistry(),
+        set_global=False,
+        gpu=False,
+        sampler=TailSampler(0.0),
+    )
+    root = telemetry.tracer.start_span("root")
+    state = RequestState(telemetry, root)
+
+    async def late() -> None:
+        await asyncio.sleep(0.01)
+        telemetry.tracer.start_span("late").end()
+
+    async def request() -> None:
+        with stage("spawner"):
+            task = asyncio.create_task(late())
+        await task
+
+    entered = _enter(state)
+    attached = context.attach(trace.set_span_in_context(root))
+    try:
+        asyncio.run(request())
+    finally:
+        context.detach(attached)
+        _exit(entered)
+    assert state.pending is not None
+    state.pending.settle(True)
+    root.end()
+    telemetry.force_flush()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    telemetry.shutdown()
+    assert set(spans) == {"root", "spawner", "late"}
+    assert spans["late"].parent.span_id == spans["root"].context.span_id
+    assert spans["spawner"].parent.span_id == spans["root"].context.span_id
