@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import threading
 import time
 import traceback
@@ -66,6 +65,7 @@ from stagelens.tail_sampling import (
     TailSampler,
     anchor_in,
     child_parent,
+    new_id,
     open_stage,
     sampler_from_env,
 )
@@ -93,13 +93,6 @@ _current_context: Final = _compat.current_context_getter()
 Batch = Sequence["RecordedSpan"]
 Sink = Callable[[Batch], bool]
 """Exports one batch; True when it was accepted."""
-
-
-def _new_id(bits: int) -> int:
-    value = random.getrandbits(bits)
-    while value == 0:  # all-zero ids are invalid in W3C trace context
-        value = random.getrandbits(bits)
-    return value
 
 
 class RecordedSpan(trace.Span):
@@ -144,7 +137,7 @@ class RecordedSpan(trace.Span):
         self._scope = scope
         self._name = name
         self._trace_id = trace_id
-        self._span_id = _new_id(64)
+        self._span_id = new_id(64)
         self._parent_id = parent_id
         self._parent_remote = parent_remote
         self._trace_state = trace_state
@@ -401,7 +394,7 @@ class DeferredTracer(trace.Tracer):
                 trace_id, parent_id = parent_ctx.trace_id, parent_ctx.span_id
                 parent_remote = parent_ctx.is_remote
             else:
-                trace_id, parent_id, parent_remote = _new_id(128), None, False
+                trace_id, parent_id, parent_remote = new_id(128), None, False
             decision = provider.sampler.should_sample(
                 context, trace_id, name, kind, attributes, links
             )
@@ -420,7 +413,7 @@ class DeferredTracer(trace.Tracer):
                 # RECORD_ONLY is treated as DROP: a span that is never exported is not
                 # worth recording here.
                 return NonRecordingSpan(
-                    SpanContext(trace_id, _new_id(64), False, _NOT_SAMPLED, trace_state)
+                    SpanContext(trace_id, new_id(64), False, _NOT_SAMPLED, trace_state)
                 )
             else:
                 pending = None

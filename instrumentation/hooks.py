@@ -87,7 +87,6 @@ class Rejected(Exception):
 
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
-_NO_STAGE: Final = contextvars.Token.MISSING
 _STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
 """Stage members to label values without the enum's ``.value`` descriptor on each use."""
 
@@ -281,21 +280,16 @@ class stage:
             # Nothing asked for its span: held as a StageRecord. Its parent is the span
             # of its context, found when built; inside another open stage (which may be
             # gone or entered anew by then), that stage's span, found now.
-            outer = token.old_value
+            outer = outer_stage(token)
             record: StageRecord = (
                 telemetry.tracer,
                 self._name,
                 self._given,
-                self._ctx
-                if outer is _NO_STAGE or outer is None
-                else parent_under(anchor_in(self._ctx), outer),
+                self._ctx if outer is None else parent_under(anchor_in(self._ctx), outer),
                 self._start_ns,
                 _time_ns(),
             )
-            if pending.kept is None:  # PendingTrace.add's first case, without the call
-                pending.held.append(record)
-            else:
-                pending.add(record)
+            pending.add(record)
 
     async def __aenter__(self) -> stage:
         return self.__enter__()

@@ -159,12 +159,11 @@ class PendingTrace:
     moment of the decision could be left out of a kept trace (never added to a dropped
     one)."""
 
-    __slots__ = ("_release", "head", "held", "kept", "owner")
+    __slots__ = ("_release", "_spans", "head", "kept", "owner")
 
     def __init__(self, release: Callable[[Any], None], head: str | None = None) -> None:
         self._release = release
-        self.held: list[Any] = []
-        """The trace's spans ended while it is undecided."""
+        self._spans: list[Any] = []
         self.head = head
         """``parent`` or ``ratio`` when kept at the start, else None."""
         self.kept: bool | None = True if head is not None else None
@@ -175,7 +174,7 @@ class PendingTrace:
         """A span of the trace ended: hold it, export it or drop it, as decided so far."""
         kept = self.kept
         if kept is None:
-            self.held.append(span)
+            self._spans.append(span)
         elif kept:
             self._release(span)
 
@@ -184,7 +183,7 @@ class PendingTrace:
         if self.kept is not None:
             return
         self.kept = keep
-        spans, self.held = self.held, []
+        spans, self._spans = self._spans, []
         if keep:
             release = self._release
             for span in spans:
@@ -330,7 +329,7 @@ class DeferredSpan(trace.Span):
         if ctx is None:
             parent = self.parent.get_span_context()
             if not self.span_id:
-                self.span_id = _draw_span_id()
+                self.span_id = new_id(64)
             flags = _SAMPLED if self.pending.kept else _NOT_SAMPLED
             ctx = self._context = SpanContext(
                 parent.trace_id, self.span_id, False, flags, parent.trace_state
@@ -379,11 +378,7 @@ class DeferredSpan(trace.Span):
         if self.end_time is not None:
             return
         self.end_time = end_time if end_time is not None else _time_ns()
-        pending = self.pending
-        if pending.kept is None:  # PendingTrace.add's first case, without the call
-            pending.held.append(self)
-        else:
-            pending.add(self)
+        self.pending.add(self)
 
 
 COMPLETE: Final = "when_built"
@@ -418,10 +413,12 @@ def outer_stage(token: contextvars.Token[OpenStage | None]) -> OpenStage | None:
     return None if outer is contextvars.Token.MISSING else outer
 
 
-def _draw_span_id() -> int:
-    value = random.getrandbits(64)
-    while value == 0:  # all-zero ids are invalid in W3C trace context
-        value = random.getrandbits(64)
+def new_id(bits: int) -> int:
+    """A random id of ``bits`` bits, never all zero (invalid in W3C trace context): span
+    ids (64) and trace ids (128) of the deferred tracer and of ``DeferredSpan``."""
+    value = random.getrandbits(bits)
+    while value == 0:
+        value = random.getrandbits(bits)
     return value
 
 
