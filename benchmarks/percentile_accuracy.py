@@ -11,7 +11,12 @@ working tree (after):
      and the dashboards printed);
    - after, report: what ``stagelens report`` prints from buckets alone (no spans at hand:
      with them it prints the exact figures), the estimate narrowed to the tracked min/max;
-   - after, dashboards: ``histogram_quantile`` on the new buckets (what the panels draw).
+   - after, ``histogram_quantile`` alone on the new buckets (what the panels drew before
+     they were narrowed);
+   - after, dashboards: what the panels draw (``stagelens.dashboards.common.quantile``):
+     ``histogram_quantile`` pulled into ``[0.9 * upper, 1.1 * lower]`` of the bucket that
+     holds the rank, narrowed to the tracked min/max (the query is evaluated by real
+     Prometheus in ``tests/dashboards/test_panel_percentiles.py``; this is its arithmetic).
 2. **Scrape.** Series and bytes of the demo gateway's ``/metrics`` after the same traffic
    (the reference gateway with the demo's config in front of the tiny vLLM on CPU, as
    ``benchmarks/sizing.py`` runs it), each side in a process of its own.
@@ -122,6 +127,29 @@ def histogram_quantile(q: float, cumulative: Sequence[tuple[float, float]]) -> f
     return previous_bound
 
 
+def panel_estimate(
+    q: float, cumulative: Sequence[tuple[float, float]], lo: float, hi: float
+) -> float:
+    """What a dashboard percentile panel draws (``stagelens.dashboards.common.quantile``):
+    the bucket that holds rank ``q * count`` (less the rank slack) as ``[lower, upper]``,
+    narrowed to ``[lo, hi]`` (the tracked extremes), and ``histogram_quantile``'s value
+    pulled into ``[max(lower, 0.9 * upper), min(upper, 1.1 * lower)]``."""
+    count = cumulative[-1][1]
+    rank = (q - 1e-9) * count
+    previous_bound = 0.0
+    lower = upper = math.nan
+    for bound, running in cumulative:
+        if running >= rank:
+            lower, upper = previous_bound, bound
+            if math.isinf(bound):
+                upper = previous_bound
+            break
+        previous_bound = bound
+    lower, upper = max(lower, lo), min(upper, hi)
+    pulled_up = max(histogram_quantile(q, cumulative), lower, 0.9 * upper)
+    return min(pulled_up, upper, 1.1 * lower)
+
+
 def accuracy(former: types.ModuleType) -> None:
     from stagelens import buckets
     from stagelens.views.percentiles import from_buckets, nearest_rank
@@ -133,7 +161,8 @@ def accuracy(former: types.ModuleType) -> None:
         layouts = {
             "before (hq, former)": (getattr(former, name), "hq"),
             "after: report": (getattr(buckets, name), "report"),
-            "after: dashboards (hq)": (getattr(buckets, name), "hq"),
+            "after: hq alone": (getattr(buckets, name), "hq"),
+            "after: dashboards": (getattr(buckets, name), "panel"),
         }
         for label, (bounds, how) in layouts.items():
             worst = dict.fromkeys(QUANTILES, 0.0)
@@ -148,6 +177,8 @@ def accuracy(former: types.ModuleType) -> None:
                             exact = nearest_rank(values, q)
                             if how == "hq":
                                 got = histogram_quantile(q, cumulative)
+                            elif how == "panel":
+                                got = panel_estimate(q, cumulative, min(values), max(values))
                             else:
                                 got = from_buckets(cumulative, q, min(values), max(values)).value
                             worst[q] = max(worst[q], abs(got - exact) / exact)

@@ -22,8 +22,11 @@ from grafana_foundation_sdk.models.dashboard import (
 from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
-from stagelens.buckets import worst_ratio
+from stagelens.buckets import ERROR_TARGET, worst_ratio
 from stagelens.slo.config import SloConfig
+
+MAX_NARROWABLE_RATIO: Final = (1 + ERROR_TARGET) / (1 - ERROR_TARGET)
+"""The widest bucket whose values all lie within ``ERROR_TARGET`` of one figure (1.22x)."""
 
 TAGS: Final = ["stagelens", "llm"]
 LATENCY_EXEMPLARS: Final = True
@@ -124,24 +127,76 @@ def _query_variable(name: str, label: str, query: str) -> dashboard.QueryVariabl
     )
 
 
-def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
-    """``histogram_quantile`` of ``metric`` grouped ``by`` (plus ``le``)."""
-    by_le = f"{by}, le" if by else "le"
-    return (
-        f"histogram_quantile({q}, sum by ({by_le}) (rate({metric}_bucket{{{selector}}}[{window}])))"
+RANK_SLACK: Final = 1e-9
+"""Taken off ``q`` where a panel looks for the bucket that holds the percentile's rank:
+``0.95 * 80`` is 76.00000000000001 in binary, and the bucket holding the 76th request must
+not give way to the next one (``stagelens.views.percentiles.rank`` does the same)."""
+OPERAND: Final = "stagelens_operand"
+"""A label a panel query gives each operand of an element-wise ``max`` or ``min`` for the
+length of the query, so that PromQL's ``or`` keeps them apart; never stored."""
+
+
+def _each(aggregate: str, by: str, exprs: Sequence[str]) -> str:
+    """The element-wise ``aggregate`` (``max`` or ``min``) of ``exprs``, vectors grouped
+    ``by`` the same labels; a group one of them lacks takes the others' value.
+
+    Why an aggregation: PromQL has no element-wise maximum of two vectors, and the
+    comparison-and-``or`` idiom repeats each operand; tagged apart and aggregated, each
+    operand is written (and evaluated) once."""
+    tagged = " or ".join(
+        f'label_replace({e}, "{OPERAND}", "{i}", "", "")' for i, e in enumerate(exprs)
     )
+    return f"{aggregate} by ({by}) ({tagged})"
+
+
+def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
+    """The ``q`` percentile of gateway histogram ``metric`` per ``by`` group, drawn within
+    ``buckets.ERROR_TARGET`` of the exact one and never outside the fastest and slowest
+    request observed (issue 27).
+
+    Why not ``histogram_quantile`` alone: it interpolates linearly inside the bucket that
+    holds the percentile's rank, so it may lie up to the bucket's width (20 % on 1.2x
+    bounds) from the exact figure, and above the slowest request. The query finds that
+    bucket's bounds ``[lower, upper]`` (``histogram_quantile`` over a 0/1 step that turns
+    to 1 at that bucket gives ``upper`` at q = 1 and ``lower`` just above q = 0), narrows
+    them to the series' tracked extremes (``stagelens_histogram_min_seconds`` /
+    ``_max_seconds`` over the window), and draws ``histogram_quantile``'s value pulled into
+    ``[0.9 * upper, 1.1 * lower]``, where every value of the bucket is within 10 % of it:
+    ``stagelens report``'s estimate (``stagelens.views.percentiles.in_bucket``). A bucket
+    wider than 1.22x (outside the family's working range) has no such interval: the query
+    then draws ``1.1 * lower``. A group with no request in the window draws nothing."""
+    on = f"on({by})"
+    by_le = f"{by}, le" if by else "le"
+    buckets = f"sum by ({by_le}) (rate({metric}_bucket{{{selector}}}[{window}]))"
+    count = f'sum by ({by}) (rate({metric}_bucket{{{selector}, le="+Inf"}}[{window}]))'
+    step = f"({buckets} >= bool {on} group_left() ({q - RANK_SLACK!r} * {count}))"
+    named = f'{sc.LABEL_HISTOGRAM}="{metric}", {selector}'
+    lowest = f"min by ({by}) (min_over_time({sc.HISTOGRAM_MIN}{{{named}}}[{window}]))"
+    highest = f"max by ({by}) (max_over_time({sc.HISTOGRAM_MAX}{{{named}}}[{window}]))"
+    lower = _each("max", by, [f"histogram_quantile({RANK_SLACK!r}, {step})", lowest])
+    upper = _each("min", by, [f"histogram_quantile(1, {step})", highest])
+    interpolated = f"histogram_quantile({q}, {buckets})"
+    low_ok = f"{1 - ERROR_TARGET:g} * {upper}"
+    high_ok = f"{1 + ERROR_TARGET:g} * {lower}"
+    pulled_up = _each("max", by, [interpolated, lower, low_ok])
+    return f"{_each('min', by, [pulled_up, upper, high_ok])} and {on} ({count} > 0)"
 
 
 def quantile_bound(bounds: Sequence[float], low: float, high: float) -> str:
-    """The sentence a percentile panel carries about its error (issue 27): how far
-    ``histogram_quantile`` may be from the exact percentile on these bounds, read from the
+    """The sentence a percentile panel carries about its error (issue 27), read from the
     bounds themselves so it cannot go stale."""
     ratio = worst_ratio(bounds, low, high)
+    within = (
+        f"within {ERROR_TARGET * 100:g} % of the exact one"
+        if ratio <= MAX_NARROWABLE_RATIO
+        else f"within {(ratio - 1) * 100:.0f} % of the exact one"
+    )
     return (
-        f"Percentiles are histogram_quantile estimates: between {low * 1000:g} ms and "
-        f"{high:g} s the buckets are at most {ratio:.3g}x apart, so a figure is within "
-        f"{(ratio - 1) * 100:.0f} % of the exact one, and may lie above the slowest request. "
-        "stagelens report prints exact figures from spans (docs/percentiles.md)."
+        f"Percentiles are read from histogram buckets: between {low * 1000:g} ms and "
+        f"{high:g} s the buckets are at most {ratio:.3g}x apart, so each figure drawn is "
+        f"{within}, and never above the slowest request or below the fastest "
+        f"({sc.HISTOGRAM_MAX}, {sc.HISTOGRAM_MIN}). stagelens report prints exact figures "
+        "from spans (docs/percentiles.md)."
     )
 
 

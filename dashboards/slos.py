@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
-from stagelens.dashboards.common import MODEL, base, quantile_bound
+from stagelens.dashboards.common import (
+    LATENCY_EXEMPLARS,
+    MODEL,
+    base,
+    quantile,
+    quantile_bound,
+)
 from stagelens.dashboards.panels import (
     NEUTRAL,
     bad_above,
@@ -153,11 +159,18 @@ def slos(cfg: SloConfig) -> DashboardModel:
                 "s",
                 [
                     (
-                        f"{ttft_p95_record(cfg.ttft_p95_window)}{{{MODEL}}}",
+                        quantile(
+                            0.95,
+                            sc.TIME_TO_FIRST_TOKEN,
+                            f"{sc.LABEL_MODEL}, {sc.LABEL_PROMPT_SIZE}",
+                            MODEL,
+                            cfg.ttft_p95_window,
+                        ),
                         "{{model}} {{prompt_size}}",
                     )
                 ],
                 threshold_lines=bad_above(cfg.ttft_threshold_seconds),
+                exemplars=LATENCY_EXEMPLARS,
                 links=[
                     (
                         f"Runbook: {sc.ALERT_TTFT_P95_HIGH}",
@@ -166,7 +179,10 @@ def slos(cfg: SloConfig) -> DashboardModel:
                 ],
                 description="StagelensTTFTP95High opens a ticket when a class's p95 stays "
                 f"above its threshold ({classes_text(cfg)}) for {cfg.ttft_p95_for}; the dashed "
-                f"line is the default {cfg.ttft_threshold_seconds:g}s. "
+                f"line is the default {cfg.ttft_threshold_seconds:g}s. The alert compares "
+                f"{ttft_p95_record(cfg.ttft_p95_window)} (histogram_quantile, same window): "
+                "each threshold is a bucket bound, so that figure and the one drawn here lie "
+                "on the same side of it. "
                 f"{quantile_bound(TTFT_BUCKETS, *TTFT_RANGE)}",
             )
         )

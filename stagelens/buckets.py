@@ -24,6 +24,13 @@ the requests bunch at one edge of a bucket, a few percent on spread-out latencie
 (``benchmarks/percentile_accuracy.py``; ``docs/percentiles.md``)."""
 
 
+ERROR_TARGET: Final = 0.10
+"""The relative error every percentile stagelens prints or draws keeps inside a family's
+working range: a value read from buckets is placed where every value of its bucket is
+within this of it (``stagelens.views.percentiles.in_bucket``, and the dashboards' panels,
+``stagelens.dashboards.common.quantile``), which a bucket at most 1.22x wide allows."""
+
+
 def ladder(
     edges: Iterable[float], low: float, high: float, ratio: float = MAX_BUCKET_RATIO
 ) -> tuple[float, ...]:

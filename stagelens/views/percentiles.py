@@ -21,12 +21,8 @@ from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
 from stagelens import semconv as sc
+from stagelens.buckets import ERROR_TARGET as ERROR_TARGET  # the report keeps the target
 from stagelens.views.traces import SpanRecord, group_by_trace
-
-ERROR_TARGET: Final = 0.10
-"""The relative error every printed percentile keeps: a bucket estimate is placed where
-every value of its bucket is within this of it, when the bucket is narrow enough
-(``buckets.MAX_BUCKET_RATIO``)."""
 
 _RANK_SLACK: Final = 1e-9
 """Keeps ``0.95 * 80`` (76.00000000000001 in binary) at rank 76."""

@@ -16,7 +16,7 @@ from stagelens.dashboards.panels import DATASOURCE_VAR, HEATMAP_MIN_INTERVAL, RO
 
 from stagelens import semconv as sc
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import render_rules
+from stagelens.slo.recording_rules import render_rules, ttft_p95_record
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = ROOT / "dashboards"
@@ -274,7 +274,10 @@ class TestLint:
     def test_range_queries_use_rate_interval(self) -> None:
         """rate()/increase() on time series panels use $__rate_interval (tables may use
         $__range); heatmaps use increase over $__interval with a minimum interval, so that
-        neighbouring cells never count one observation twice."""
+        neighbouring cells never count one observation twice. A panel that draws an alert's
+        own figure (it names the alert's recording rule) uses that rule's window instead."""
+        cfg = SloConfig()
+        alert_figure = (ttft_p95_record(cfg.ttft_p95_window), cfg.ttft_p95_window)
         for board in _dashboards().values():
             for panel in board["panels"]:
                 if panel["type"] not in {"timeseries", "heatmap"}:
@@ -287,6 +290,8 @@ class TestLint:
                         r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", target["expr"]
                     ):
                         wanted = "$__interval" if heatmap else "$__rate_interval"
+                        if alert_figure[0] in panel.get("description", ""):
+                            wanted = alert_figure[1]
                         assert window == wanted, panel["title"]
 
     def test_every_metric_is_catalogued(self) -> None:
