@@ -186,6 +186,26 @@ class stage:
             start_time=self._start_ns,
         )
 
+    def _set_span_attributes(self, attributes: Mapping[str, Any]) -> None:
+        """Set ``attributes`` on the stage's span, inside the block; while the stage is data
+        (a stage of an undecided trace that nothing asked the span of), on its record:
+        they join those given to ``stage()`` and are set after them when the span is
+        built, as on a span, so that a trace that is dropped never makes a
+        ``DeferredSpan`` for them. Invariant: the span built from the record holds what
+        ``span.set_attributes(attributes)`` would have left on it (None values skipped)."""
+        if self._open is not None and self._span is None:
+            if None in attributes.values():  # a span skips them (and keeps what was set)
+                attributes = {k: v for k, v in attributes.items() if v is not None}
+            given = self._given
+            if given is None:
+                self._given = dict(attributes)
+            else:
+                given.update(attributes)
+            return
+        span = self.span
+        if span.is_recording():
+            span.set_attributes(attributes)
+
     # -- context manager --------------------------------------------------------------
     def __enter__(self) -> stage:
         ctx = current_context()
@@ -395,9 +415,8 @@ def bill() -> float | None:
             usage.reasoning_output_tokens,
         )
         state.cost_usd = cost
-        span = billing.span
-        if span.is_recording():
-            span.set_attributes(
+        if state.recording:
+            billing._set_span_attributes(
                 {
                     sc.ATTR_COST_USD: cost,
                     sc.ATTR_TENANT: tenant,

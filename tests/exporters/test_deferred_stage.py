@@ -416,3 +416,75 @@ def test_a_span_started_after_its_stage_closed_goes_under_the_stage_parent() -> 
     assert set(spans) == {"root", "spawner", "late"}
     assert spans["late"].parent.span_id == spans["root"].context.span_id
     assert spans["spawner"].parent.span_id == spans["root"].context.span_id
+
+
+@pytest.fixture(scope="module")
+def telemetries() -> Iterator[dict[str, tuple[Any, InMemorySpanExporter]]]:
+    """stagelens under the tail sampler (ratio 0: every trace pending) and always_on."""
+    made = {}
+    for name, sampler in (("tail", TailSampler(0.0)), ("always_on", ALWAYS_ON)):
+        exporter = InMemorySpanExporter()
+        telemetry = configure(
+            span_exporters=[exporter],
+            registry=CollectorRegistry(),
+            set_global=False,
+            gpu=False,
+            sampler=sampler,
+        )
+        made[name] = (telemetry, exporter)
+    yield made
+    for telemetry, _ in made.values():
+        telemetry.shutdown()
+
+
+def _stage_attributes(
+    telemetry: Any,
+    exporter: InMemorySpanExporter,
+    given: dict[str, Any],
+    sets: list[dict[str, Any]],
+    span_at: int,
+) -> dict[str, Any]:
+    """The exported attributes of one stage given ``given``, then each of ``sets`` set
+    with ``_set_span_attributes`` (its ``.span`` read before set number ``span_at``)."""
+    root = telemetry.tracer.start_span("root")
+    state = RequestState(telemetry, root)
+    entered = _enter(state)
+    try:
+        with stage("billing", given) as billing:
+            for i, attributes in enumerate(sets):
+                if i == span_at:
+                    assert billing.span.is_recording()
+                billing._set_span_attributes(attributes)
+    finally:
+        _exit(entered)
+    if state.pending is not None:
+        state.pending.settle(True)
+    root.end()
+    telemetry.force_flush()
+    spans = exporter.get_finished_spans()
+    exporter.clear()
+    (built,) = [s for s in spans if s.name == "billing"]
+    return dict(built.attributes or {})
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(_KEYS, _VALUES, max_size=4),
+    st.lists(st.dictionaries(_KEYS, _VALUES, max_size=4), max_size=4),
+    st.integers(0, 4),
+)
+def test_attributes_set_on_a_stage_record_are_those_a_span_keeps(
+    telemetries: dict[str, tuple[Any, InMemorySpanExporter]],
+    given: dict[str, Any],
+    sets: list[dict[str, Any]],
+    span_at: int,
+) -> None:
+    """``stage._set_span_attributes`` (what ``bill()`` uses) on a stage of a pending
+    trace, which keeps them on its record rather than making a span, leaves on the span
+    built when the trace is kept what the same calls leave on a span under always_on:
+    None values skipped and earlier values kept, whether or not the span was asked for
+    in between (``span_at``; past the end: never)."""
+    got = _stage_attributes(*telemetries["tail"], given, sets, span_at)
+    want = _stage_attributes(*telemetries["always_on"], given, sets, span_at)
+    assert got == want
+    assert got["stagelens.stage"] == "billing"
