@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import httpx
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import (
@@ -84,9 +84,13 @@ class _UpstreamCall(EventReader):
         "_buffer",
         "_dimensions",
         "_embeddings",
+        "_ending",
         "_engine",
         "_headers_seen",
+        "_operation",
         "_payload",
+        "_request",
+        "_response_headers",
         "_response_model",
         "_status",
         "_t0",
@@ -131,12 +135,11 @@ class _UpstreamCall(EventReader):
                 {},
                 SpanKind.CLIENT,
             )
-            model = self.model
-            span.when_built(
-                lambda built: built.set_attributes(
-                    _client_attributes(model, stream, operation, payload, request)
-                )
-            )
+            # What only the built span needs is kept on the call for its completions
+            # (bound methods, not closures: nothing is made per call beyond them).
+            self._operation, self._request = operation, request
+            self._response_headers: httpx.Headers | None = None
+            span.when_built(self._built_request)
             self.span = span
             later = True
         else:
@@ -210,13 +213,16 @@ class _UpstreamCall(EventReader):
         if status < 400 and self._asked_usage:
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
-        if self.span.is_recording():
+        span = self.span
+        if type(span) is DeferredSpan and status < 400:
+            self._response_headers = response.headers  # read only if kept (_built_response)
+        elif span.is_recording():
             vllm_id = header_value(response.headers, REQUEST_ID_KEY)
             if vllm_id:
-                self.span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
+                span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
             if status >= 400:
-                self.span.set_attribute(sc.ERROR_TYPE, str(status))
-                self.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+                span.set_attribute(sc.ERROR_TYPE, str(status))
+                span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
 
     def _keep_body(self, chunk: bytes) -> bytes:
         """BODY: keep the answer (up to ``_MAX_BODY``) for the end."""
@@ -253,6 +259,9 @@ class _UpstreamCall(EventReader):
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
             self.span.end()
+        # A bound method of the call held by the call is a cycle that only the garbage
+        # collector frees, with everything the call holds: nothing is read after the end.
+        self.on_chunk = _passed
 
     def closed(self) -> None:
         """The caller closed the body (or abandoned iterating it) before it was exhausted.
@@ -319,18 +328,41 @@ class _UpstreamCall(EventReader):
         span = self.span
         if type(span) is DeferredSpan:  # the tail sampler, undecided: only if kept
             end_ns = self._last_output_ns or time.time_ns()
-            estimated = billing or counted
-
-            def complete(built: trace.Span) -> None:
-                self.read_last_for_span()
-                self._set_response_attributes(built, error, usage, estimated)
-                self._engine_spans(phases, end_ns)
-
-            span.when_built(complete)
-        elif span.is_recording():
+            self._ending = (error, usage, billing or counted, phases, end_ns)
+            span.when_built(self._built_response)
+            span.end()
+            # The span is its trace's now. Let go of it: its completions hold this call,
+            # and a call holding the span would make a cycle that only the garbage
+            # collector frees (every dropped trace's records with it).
+            self.span = INVALID_SPAN
+            return
+        if span.is_recording():
             self._set_response_attributes(span, error, usage, billing or counted)
-            self._engine_spans(phases, self._last_output_ns or time.time_ns())
+            self._engine_spans(span, phases, self._last_output_ns or time.time_ns())
         span.end()
+
+    def _built_request(self, built: trace.Span) -> None:
+        """The request attributes of the span built from the call's ``DeferredSpan`` (a
+        completion run only if the trace is kept)."""
+        built.set_attributes(
+            _client_attributes(
+                self.model, self.stream, self._operation, self._payload, self._request
+            )
+        )
+
+    def _built_response(self, built: trace.Span) -> None:
+        """The rest of the span built from the call's ``DeferredSpan``, as ``_finish`` sets
+        it on a span recorded at once: the vLLM request id, the answer's attributes and the
+        engine's spans (a completion run only if the trace is kept)."""
+        headers = self._response_headers
+        if headers is not None:
+            vllm_id = header_value(headers, REQUEST_ID_KEY)
+            if vllm_id:
+                built.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
+        error, usage, estimated, phases, end_ns = self._ending
+        self.read_last_for_span()
+        self._set_response_attributes(built, error, usage, estimated)
+        self._engine_spans(built, phases, end_ns)
 
     def _read_body(self, raw: bytes) -> None:
         """Take a whole answer (not streamed, or an error body)."""
@@ -407,12 +439,12 @@ class _UpstreamCall(EventReader):
         if billing is not None:
             instruments.unmetered.get(model, billing).inc()
 
-    def _engine_spans(self, phases: list[tuple[str, float]], end_ns: int) -> None:
-        """Child spans laid back to back, ending at ``end_ns`` (when the last token
-        arrived, else when the call ended)."""
+    def _engine_spans(self, span: trace.Span, phases: list[tuple[str, float]], end_ns: int) -> None:
+        """Child spans of ``span`` laid back to back, ending at ``end_ns`` (when the last
+        token arrived, else when the call ended)."""
         if not phases:
             return
-        parent = trace.set_span_in_context(self.span)
+        parent = trace.set_span_in_context(span)
         for phase, seconds in reversed(phases):
             start_ns = end_ns - int(seconds * _NS)
             child = self.telemetry.tracer.start_span(
@@ -470,6 +502,11 @@ class _UpstreamCall(EventReader):
             if isinstance(c, dict)
         ]
         self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+
+
+def _passed(chunk: bytes) -> bytes:
+    """``on_chunk`` of a finished call: the chunk, as it came."""
+    return chunk
 
 
 def _is_failure(error: BaseException) -> bool:

@@ -53,10 +53,17 @@ class _AsyncStream(httpx.AsyncByteStream):
 
     def __init__(self, wrapped: httpx.AsyncByteStream, call: _UpstreamCall) -> None:
         self._wrapped = wrapped
-        self._call = call
+        self._call: _UpstreamCall | None = call
+        """None once the call has finished: httpx's response and its stream hold each
+        other (a cycle only the garbage collector frees), and a finished call held by
+        them would keep the request's records and spans waiting for it too."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
+        if call is None:  # finished, and iterated again: the body as it comes
+            async for chunk in self._wrapped:
+                yield chunk
+            return
         on_chunk = call.on_chunk
         failure: BaseException | None = None
         try:
@@ -77,6 +84,7 @@ class _AsyncStream(httpx.AsyncByteStream):
             call.closed()
             raise
         call.finish(failure)
+        self._call = None
         if failure is not None:
             raise failure
 
@@ -84,7 +92,10 @@ class _AsyncStream(httpx.AsyncByteStream):
         try:
             await self._wrapped.aclose()
         finally:
-            self._call.closed()
+            call = self._call
+            if call is not None:
+                self._call = None
+                call.closed()
 
 
 class _SyncStream(httpx.SyncByteStream):
@@ -92,10 +103,14 @@ class _SyncStream(httpx.SyncByteStream):
 
     def __init__(self, wrapped: httpx.SyncByteStream, call: _UpstreamCall) -> None:
         self._wrapped = wrapped
-        self._call = call
+        self._call: _UpstreamCall | None = call
+        """None once the call has finished (as ``_AsyncStream._call``)."""
 
     def __iter__(self) -> Iterator[bytes]:
         call = self._call
+        if call is None:  # finished, and iterated again: the body as it comes
+            yield from self._wrapped
+            return
         on_chunk = call.on_chunk
         failure: BaseException | None = None
         try:
@@ -116,6 +131,7 @@ class _SyncStream(httpx.SyncByteStream):
             call.closed()
             raise
         call.finish(failure)
+        self._call = None
         if failure is not None:
             raise failure
 
@@ -123,7 +139,10 @@ class _SyncStream(httpx.SyncByteStream):
         try:
             self._wrapped.close()
         finally:
-            self._call.closed()
+            call = self._call
+            if call is not None:
+                self._call = None
+                call.closed()
 
 
 def _safe_start(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
