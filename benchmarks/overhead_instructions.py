@@ -34,6 +34,9 @@ revision ``REF`` (``metrics@REF``, ``stagelens@REF``), in the same run: the figu
 no-regression rule compares, measured side by side rather than against a number written
 down on another day (the bare proxy, upstream and sink are the same for both; the code of
 ``REF`` is exported with ``git archive`` and put first on the proxy's ``PYTHONPATH``).
+``--against-variants`` names the variants run on ``REF`` (default ``metrics,stagelens``;
+add ``tail`` for a revision that has the tail sampler: older code falls back to the SDK's
+default sampler, whose figure would not be the tail sampler's).
 
 The proxy asks for the usage event (``stream_options.include_usage``), as a gateway that
 bills does; the upstream, like vLLM, sends it only when asked. ``--no-usage``: the proxy
@@ -99,10 +102,11 @@ from overhead import (
 )
 
 _INSTRUMENTED = ("metrics", "stagelens")
+"""The variants ``--against`` runs on the older revision unless ``--against-variants``
+says otherwise (``tail`` is not among them: older code falls back to the SDK's default
+sampler)."""
 _CHECKED = (*_INSTRUMENTED, "tail")
-"""Variants whose ``/metrics`` must show the full work (``tail``, the tail sampler, is not
-run ``--against`` an older revision: older code falls back to the SDK's default sampler)."""
-"""The variants that run stagelens: checked after their scrape, and run by ``--against``."""
+"""Variants whose ``/metrics`` must show the full work: checked after their scrape."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -309,6 +313,12 @@ def main() -> None:
         help="also run metrics and stagelens on the stagelens code of git revision REF",
     )
     parser.add_argument(
+        "--against-variants",
+        default=",".join(_INSTRUMENTED),
+        metavar="NAMES",
+        help="the variants --against runs on REF (add tail for a revision that has it)",
+    )
+    parser.add_argument(
         "--plain",
         metavar="NAMES",
         help="also run --plain-variants with these shortcuts plain (see stagelens._plain)",
@@ -346,7 +356,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
     if args.against:
         tree = _export_revision(args.against, root / "against")
-        variants += [f"{v}@{tree}" for v in variants if v in _INSTRUMENTED]
+        at_ref = {v for v in args.against_variants.split(",") if v}
+        if not at_ref <= set(_CHECKED):
+            raise SystemExit(f"--against-variants: only {', '.join(_CHECKED)} run on REF")
+        variants += [f"{v}@{tree}" for v in variants if v in at_ref]
     servers = []
     results: dict[int, dict[str, float]] = {}
     started = time.monotonic()
