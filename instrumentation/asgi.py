@@ -446,6 +446,7 @@ class _RequestTracker:
             if self._sse and inference is not None
             else []
         )
+        worst_gap = max(gaps) if gaps else None
         duration = end - state.started_at
         settings = telemetry.settings
         usage = state.usage or state.upstream_usage
@@ -460,7 +461,7 @@ class _RequestTracker:
             client_gone=client_gone,
             ttft=ttft,
             waited=duration,
-            worst_gap=max(gaps) if gaps else None,
+            worst_gap=worst_gap,
             ttft_threshold=ttft_threshold,
             stall_threshold=settings.itl_stall_threshold_seconds,
             client_left_bad_after=settings.client_left_bad_after_seconds,
@@ -479,7 +480,7 @@ class _RequestTracker:
                     server_failed=server_failed or (error is not None and not disconnected),
                     client_gone=client_gone,
                     verdicts=verdicts,
-                    gaps=gaps,
+                    worst_gap=worst_gap,
                     duration=duration,
                     stall_seconds=settings.tail_stall_seconds,
                     slow_seconds=settings.tail_slow_seconds,

@@ -434,7 +434,7 @@ def keep_reason(
     server_failed: bool,
     client_gone: bool,
     verdicts: Sequence[tuple[str, bool]],
-    gaps: Sequence[float],
+    worst_gap: float | None,
     duration: float,
     stall_seconds: float,
     slow_seconds: float,
@@ -444,13 +444,15 @@ def keep_reason(
     ``server_failed``: answered 5xx, failed after its headers, or the app raised (the
     upstream errors among them). Slow is judged against the SLO thresholds the gateway
     already applied (the ``ttft``, ``itl`` and ``goodput`` verdicts), one inter-token gap
-    over ``stall_seconds``, or the whole request over ``slow_seconds``. The first that
-    applies names the reason: error, then client gone, then slow."""
+    over ``stall_seconds`` (``worst_gap``: the longest, None without two output events; the
+    SLI verdicts are taken from it too, so it is found once), or the whole request over
+    ``slow_seconds``. The first that applies names the reason: error, then client gone,
+    then slow."""
     if server_failed:
         return sc.REASON_ERROR
     if client_gone:
         return sc.REASON_CLIENT_LEFT
-    if duration > slow_seconds or (gaps and max(gaps) > stall_seconds):
+    if duration > slow_seconds or (worst_gap is not None and worst_gap > stall_seconds):
         return sc.REASON_SLOW
     for sli, bad in verdicts:
         if bad and sli in _SLOW_SLIS:

@@ -130,7 +130,7 @@ class TestRules:
     def test_reasons_in_order(self) -> None:
         """Error before client gone before slow; nothing for a fine request."""
         common: dict[str, Any] = {"stall_seconds": 1.0, "slow_seconds": 10.0}
-        fine = {"verdicts": [(semconv.SLI_TTFT, False)], "gaps": [0.01], "duration": 1.0}
+        fine = {"verdicts": [(semconv.SLI_TTFT, False)], "worst_gap": 0.01, "duration": 1.0}
         assert keep_reason(server_failed=False, client_gone=False, **fine, **common) is None
         assert (
             keep_reason(server_failed=True, client_gone=True, **fine, **common)
@@ -142,7 +142,7 @@ class TestRules:
         )
         for slow in (
             {**fine, "verdicts": [(semconv.SLI_ITL, True)]},
-            {**fine, "gaps": [0.01, 1.5]},
+            {**fine, "worst_gap": 1.5},
             {**fine, "duration": 11.0},
         ):
             assert (
