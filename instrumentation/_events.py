@@ -42,7 +42,6 @@ _PREFIX: Final = not plain("reader_prefix")
 _BYTES: Final = not plain("reader_bytes")
 _OUTPUT_BYTES: Final = not plain("output_bytes")
 _perf_counter: Final = time.perf_counter
-_time_ns: Final = time.time_ns
 
 
 class EventReader:
@@ -61,7 +60,6 @@ class EventReader:
         "_key",
         "_keys",
         "_last_fast",
-        "_last_output_ns",
         "_learned",
         "_marks",
         "_marks0",
@@ -121,8 +119,6 @@ class EventReader:
         """Reasoning-only output events read (each one token: vLLM streams one a delta)."""
         self._reasoning_reported = False
         """``_usage`` says the reasoning tokens itself."""
-        self._last_output_ns = 0
-        """Wall clock of the latest output (recorded spans: the engine spans end there)."""
         self._partial = b""
         """The incomplete event at the end of what was read (held back when stripping)."""
         self._asked_usage = False
@@ -189,8 +185,6 @@ class EventReader:
                 ):
                     self._into.append(len(self._sent))  # marked, so counted (``outputs``)
                     self._last_fast = chunk
-                    if self._recording:
-                        self._last_output_ns = _time_ns()
                     return chunk
         out = self._read(chunk)
         # Read from the prefix again only at an event's start, and while reading.
@@ -235,8 +229,6 @@ class EventReader:
                     self._into, self._sent = marks, sends
                 else:
                     self._unmarked += 1
-                if self._recording:
-                    self._last_output_ns = _time_ns()
                 self._last_fast = chunk
                 return chunk
         if self._passing:
@@ -318,8 +310,6 @@ class EventReader:
         """One output-bearing event of ``choice`` arrived."""
         if self._first_output_at is None:
             self._first_output(choice)
-        if self._recording:
-            self._last_output_ns = _time_ns()
         sends = self._sends
         if sends is not None:
             marks = self._marks.get(choice)

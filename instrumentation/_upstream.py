@@ -86,6 +86,7 @@ class _UpstreamCall(EventReader):
         "_embeddings",
         "_ending",
         "_engine",
+        "_engine_ns",
         "_headers_seen",
         "_operation",
         "_payload",
@@ -198,6 +199,9 @@ class _UpstreamCall(EventReader):
         self._status = 0
         self._headers_seen = False
         self._engine: dict[str, Any] | None = None
+        self._engine_ns = 0
+        """Wall clock when the engine's per-request metrics arrived (a recorded span's
+        engine spans end there): with the last token, or in the event just after it."""
         self._response_model: str | None = None
 
     # -- response ----------------------------------------------------------------------
@@ -327,7 +331,7 @@ class _UpstreamCall(EventReader):
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
         if type(span) is DeferredSpan:  # the tail sampler, undecided: only if kept
-            end_ns = self._last_output_ns or time.time_ns()
+            end_ns = self._engine_ns or time.time_ns()
             self._ending = (error, usage, billing or counted, phases, end_ns)
             span.when_built(self._built_response)
             span.end()
@@ -338,7 +342,7 @@ class _UpstreamCall(EventReader):
             return
         if span.is_recording():
             self._set_response_attributes(span, error, usage, billing or counted)
-            self._engine_spans(span, phases, self._last_output_ns or time.time_ns())
+            self._engine_spans(span, phases, self._engine_ns or time.time_ns())
         span.end()
 
     def _built_request(self, built: trace.Span) -> None:
@@ -391,6 +395,8 @@ class _UpstreamCall(EventReader):
         super().take(facts)
         if facts.metrics is not None:
             self._engine = facts.metrics
+            if self._recording:  # one reading a call, not one per output event
+                self._engine_ns = time.time_ns()
         # Read whether or not the span is recorded: the GenAI metrics name the answering
         # model (one dict lookup on the few events that are parsed).
         self._response_model = self._response_model or facts.model
@@ -440,8 +446,9 @@ class _UpstreamCall(EventReader):
             instruments.unmetered.get(model, billing).inc()
 
     def _engine_spans(self, span: trace.Span, phases: list[tuple[str, float]], end_ns: int) -> None:
-        """Child spans of ``span`` laid back to back, ending at ``end_ns`` (when the last
-        token arrived, else when the call ended)."""
+        """Child spans of ``span`` laid back to back, ending at ``end_ns``: when the
+        engine's per-request metrics arrived (vLLM sends them as the request finishes, with
+        its last token or in the event just after), else when the call ended."""
         if not phases:
             return
         parent = trace.set_span_in_context(span)
