@@ -35,7 +35,7 @@ from stagelens.stages import Stage
 from stagelens.tail_sampling import (
     DeferredSpan,
     OpenStage,
-    StageRecord,
+    StageClock,
     anchor_in,
     enter_stage,
     leave_stage,
@@ -107,7 +107,6 @@ class stage:
         "_name",
         "_open",
         "_span",
-        "_start_ns",
         "_state",
         "_t0",
         "_telemetry",
@@ -117,7 +116,6 @@ class stage:
     _t0: float
     _ctx: Context
     _given: dict[str, Any] | None
-    _start_ns: int
 
     def __init__(self, name: Stage | str, attributes: Mapping[str, Any] | None = None) -> None:
         self._name = _STAGE_NAMES.get(name) or str(name)
@@ -128,8 +126,8 @@ class stage:
         """Set while the stage is open as a stage of an undecided trace (``enter_stage``):
         it is data then, and becomes a ``DeferredSpan`` only when something asks for its
         span (``deferred``)."""
-        # _state, _telemetry and _t0 are set by every path of __enter__; _ctx, _given
-        # and _start_ns by the one that sets _open.
+        # _state, _telemetry and _t0 are set by every path of __enter__; _ctx and _given
+        # by the one that sets _open.
 
     @property
     def name(self) -> str:
@@ -183,7 +181,8 @@ class stage:
             parent_under(anchor, outer_stage(token)),
             state.pending,
             attributes,
-            start_time=self._start_ns,
+            # its start, read on perf_counter (StageClock), put on the wall clock now
+            start_time=_time_ns() - int((_perf_counter() - self._t0) * 1e9),
         )
 
     def _set_span_attributes(self, attributes: Mapping[str, Any]) -> None:
@@ -227,12 +226,11 @@ class stage:
         pending = state.pending if state is not None else None
         if pending is not None and pending.kept is None:
             # Its trace's keep decision waits for the request's end (the tail sampler),
-            # which drops most: the stage is recorded as data (a StageRecord at its
+            # which drops most: the stage is recorded as data (a StageClock at its
             # exit), a span only if kept.
             self._ctx = ctx
             given = self._attributes
             self._given = dict(given) if given else None  # as a span takes them, now
-            self._start_ns = _time_ns()
             self._open = enter_stage(self)
             self._t0 = _perf_counter()
             return self
@@ -297,17 +295,17 @@ class stage:
             span.end()
             self._span = None
         elif token is not None and state is not None and (pending := state.pending) is not None:
-            # Nothing asked for its span: held as a StageRecord. Its parent is the span
+            # Nothing asked for its span: held as a StageClock. Its parent is the span
             # of its context, found when built; inside another open stage (which may be
             # gone or entered anew by then), that stage's span, found now.
             outer = outer_stage(token)
-            record: StageRecord = (
+            record: StageClock = (
                 telemetry.tracer,
                 self._name,
                 self._given,
                 self._ctx if outer is None else parent_under(anchor_in(self._ctx), outer),
-                self._start_ns,
-                _time_ns(),
+                self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
+                elapsed,
             )
             pending.add(record)
 

@@ -83,6 +83,7 @@ _SPAN_KEY: Final = _compat.span_key()
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
 _time_ns: Final = time.time_ns
+_perf_counter: Final = time.perf_counter
 
 
 class TailSampler(Sampler):
@@ -176,7 +177,7 @@ class PendingTrace:
         if kept is None:
             self._spans.append(span)
         elif kept:
-            self._release(span)
+            self._release(on_wall_clock(span, _time_ns(), _perf_counter()))
 
     def settle(self, keep: bool) -> None:
         """Decide once (later calls change nothing): release the held spans or drop them."""
@@ -186,8 +187,27 @@ class PendingTrace:
         spans, self._spans = self._spans, []
         if keep:
             release = self._release
+            now_ns, now = _time_ns(), _perf_counter()  # one reading for every record
             for span in spans:
-                release(span)
+                release(on_wall_clock(span, now_ns, now))
+
+
+def on_wall_clock(span: Any, now_ns: int, now: float) -> Any:
+    """``span`` as the deferred tracer builds it: a stage held as a ``StageClock`` (its
+    start on the ``perf_counter`` clock) as a ``StageRecord``, on the wall clock that
+    ``time_ns`` reads, where ``now_ns`` and ``now`` are one moment on each; anything else
+    as it is.
+
+    Why a stage is timed on ``perf_counter`` while its trace is undecided: the stage
+    reads that clock for its duration metric anyway, so its record needs no ``time_ns``
+    reading of its own, and a dropped trace's stages are never put on the wall clock at
+    all. Invariant: the span's start is ``now_ns`` less the time from the stage's start
+    to ``now``, and its length is the duration the metric recorded."""
+    if type(span) is not tuple:
+        return span
+    tracer, name, given, parent, started, elapsed = span
+    start_ns = now_ns - int((now - started) * 1e9)
+    return (tracer, name, given, parent, start_ns, start_ns + int(elapsed * 1e9))
 
 
 class OpenStage(Protocol):
@@ -206,12 +226,18 @@ class OpenStage(Protocol):
         ...
 
 
-StageRecord = tuple[trace.Tracer, str, "Mapping[str, Any] | None", "trace.Span | Context", int, int]
+StageClock = tuple[
+    trace.Tracer, str, "Mapping[str, Any] | None", "trace.Span | Context", float, float
+]
 """A stage of an undecided trace that nothing asked the span of, held with its trace as
-``(tracer, name, attributes given to stage(), parent, start, end)`` (``time_ns``): a tuple,
-the cheapest record there is; the deferred tracer builds the span from it only if the
-trace is kept. The parent is a span, or the context the stage began in, whose current
-span it is (``anchor_in``, read only for a kept trace)."""
+``(tracer, name, attributes given to stage(), parent, start, duration)``, its start on the
+``perf_counter`` clock and its duration in seconds (what its metric records): a tuple, the
+cheapest record there is. The parent is a span, or the context the stage began in, whose
+current span it is (``anchor_in``, read only for a kept trace). A kept trace's records
+are put on the wall clock (``on_wall_clock``: a ``StageRecord``) as they are released."""
+StageRecord = tuple[trace.Tracer, str, "Mapping[str, Any] | None", "trace.Span | Context", int, int]
+"""A ``StageClock`` on the wall clock: ``(tracer, name, attributes, parent, start, end)``
+in ``time_ns``, what the deferred tracer builds a stage's span from."""
 
 _OPEN: contextvars.ContextVar[OpenStage | None] = contextvars.ContextVar(
     "stagelens_open_stage", default=None

@@ -5,6 +5,7 @@ calls, it sits where that span would in the tree, and a dropped trace builds not
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -488,3 +489,43 @@ def test_attributes_set_on_a_stage_record_are_those_a_span_keeps(
     want = _stage_attributes(*telemetries["always_on"], given, sets, span_at)
     assert got == want
     assert got["stagelens.stage"] == "billing"
+
+
+def test_a_kept_stage_record_lies_on_the_wall_clock_between_readings_around_it() -> None:
+    """A stage held as data is timed on ``perf_counter`` (``StageClock``) and put on the
+    wall clock only when its trace is kept: its span starts and ends between ``time_ns``
+    readings the test takes around the block, and lasts the duration its metric
+    recorded (the request's stage time), to the nanosecond the conversion rounds to."""
+    exporter = InMemorySpanExporter()
+    telemetry = configure(
+        span_exporters=[exporter],
+        registry=CollectorRegistry(),
+        set_global=False,
+        gpu=False,
+        sampler=TailSampler(0.0),
+    )
+    root = telemetry.tracer.start_span("root")
+    state = RequestState(telemetry, root)
+    entered = _enter(state)
+    attached = context.attach(trace.set_span_in_context(root))
+    try:
+        before = time.time_ns()
+        with stage("timed"):
+            time.sleep(0.002)
+        after = time.time_ns()
+        time.sleep(0.002)  # the decision comes later than the stage's end
+    finally:
+        context.detach(attached)
+        _exit(entered)
+    assert state.pending is not None
+    state.pending.settle(True)
+    root.end()
+    telemetry.force_flush()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "timed"]
+    telemetry.shutdown()
+    assert span.start_time is not None
+    assert span.end_time is not None
+    slack = 50_000  # two clocks read a few microseconds apart
+    assert before - slack <= span.start_time < span.end_time <= after + slack
+    (recorded,) = [seconds for name, seconds in state.stage_times if name == "timed"]
+    assert abs((span.end_time - span.start_time) - recorded * 1e9) <= 1
