@@ -36,6 +36,7 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation._upstream import ClientDisconnected, _UpstreamCall, start_call
 
 from stagelens import _compat
+from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [
@@ -157,6 +158,39 @@ def _safe_start(telemetry: Telemetry | None, request: httpx.Request) -> _Upstrea
         return None
 
 
+def _enter_call(call: _UpstreamCall) -> tuple[bool, Any] | None:
+    """Make the call's span the parent of spans started inside the wrapped transport, until
+    ``_leave_call``: (whether it was opened as a stage, the token), or None when its span
+    is not recorded.
+
+    Why a stage for a pending trace: the call's span is data then (``DeferredSpan``), and
+    opening it as the stage of its context (``enter_stage``) makes it the parent of what
+    the deferred tracer starts inside, as attaching it would, without an OpenTelemetry
+    context built around it for a trace that is most likely dropped. As inside any stage
+    of a pending trace, ``trace.get_current_span()`` there gives the span current when the
+    call began (docs/tail-sampling.md)."""
+    span = call.span
+    if type(span) is DeferredSpan:
+        return True, enter_stage(span)
+    if span.is_recording():
+        return False, context.attach(trace.set_span_in_context(span))
+    return None
+
+
+def _leave_call(call: _UpstreamCall, entered: tuple[bool, Any] | None) -> None:
+    """Undo ``_enter_call``; a failure to is counted and logged, never raised."""
+    if entered is None:
+        return
+    as_stage, token = entered
+    if not as_stage:
+        context.detach(token)  # the API logs a failure itself
+        return
+    try:
+        leave_stage(token)
+    except Exception as err:  # a reset in another context must not break the app
+        call.telemetry.report_error("context", err)
+
+
 class StageLensAsyncTransport(httpx.AsyncBaseTransport):
     """Wraps an async transport; see the module docstring."""
 
@@ -172,19 +206,14 @@ class StageLensAsyncTransport(httpx.AsyncBaseTransport):
         call = _safe_start(self._telemetry, request)
         if call is None:
             return await self.wrapped.handle_async_request(request)
-        token = (
-            context.attach(trace.set_span_in_context(call.span))
-            if call.span.is_recording()
-            else None
-        )
+        entered = _enter_call(call)
         try:
             response = await self.wrapped.handle_async_request(request)
         except BaseException as exc:
             call.finish(exc)
             raise
         finally:
-            if token is not None:
-                context.detach(token)
+            _leave_call(call, entered)
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.AsyncByteStream)
@@ -208,19 +237,14 @@ class StageLensTransport(httpx.BaseTransport):
         call = _safe_start(self._telemetry, request)
         if call is None:
             return self.wrapped.handle_request(request)
-        token = (
-            context.attach(trace.set_span_in_context(call.span))
-            if call.span.is_recording()
-            else None
-        )
+        entered = _enter_call(call)
         try:
             response = self.wrapped.handle_request(request)
         except BaseException as exc:
             call.finish(exc)
             raise
         finally:
-            if token is not None:
-                context.detach(token)
+            _leave_call(call, entered)
         call.on_response(response)
         stream = response.stream
         assert isinstance(stream, httpx.SyncByteStream)

@@ -281,8 +281,8 @@ class DeferredSpan(trace.Span):
     parent would be ``anchor`` under it (``child_parent``): so spans started inside the
     stage, with stagelens' tracer or any tracer of its provider, are its children, as they
     are when the stage is a span. The upstream call's span of a pending trace is one too
-    (``kind`` CLIENT, never an open stage), its response attributes left to
-    ``when_built``."""
+    (``kind`` CLIENT), opened as the stage of its context around the wrapped transport
+    (``instrumentation.httpx``), its response attributes left to ``when_built``."""
 
     __slots__ = (
         "_calls",
