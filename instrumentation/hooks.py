@@ -41,6 +41,7 @@ from stagelens.tail_sampling import (
     leave_stage,
     outer_stage,
     parent_under,
+    wall_clock_ns,
 )
 from stagelens.telemetry import Telemetry, default_telemetry
 
@@ -182,7 +183,7 @@ class stage:
             state.pending,
             attributes,
             # its start, read on perf_counter (StageClock), put on the wall clock now
-            start_time=_time_ns() - int((_perf_counter() - self._t0) * 1e9),
+            start_time=wall_clock_ns(self._t0, _time_ns(), _perf_counter()),
         )
 
     def _set_span_attributes(self, attributes: Mapping[str, Any]) -> None:

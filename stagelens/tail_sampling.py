@@ -206,8 +206,14 @@ def on_wall_clock(span: Any, now_ns: int, now: float) -> Any:
     if type(span) is not tuple:
         return span
     tracer, name, given, parent, started, elapsed = span
-    start_ns = now_ns - int((now - started) * 1e9)
+    start_ns = wall_clock_ns(started, now_ns, now)
     return (tracer, name, given, parent, start_ns, start_ns + int(elapsed * 1e9))
+
+
+def wall_clock_ns(perf: float, now_ns: int, now: float) -> int:
+    """``perf`` (a ``perf_counter`` reading) on the wall clock ``time_ns`` reads, where
+    ``now_ns`` and ``now`` are one moment on each."""
+    return now_ns - int((now - perf) * 1e9)
 
 
 class OpenStage(Protocol):

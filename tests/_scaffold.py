@@ -156,3 +156,24 @@ def chat_scope(spec_version: str | None = None) -> dict[str, Any]:
         "client": ("127.0.0.1", 5000),
         "server": ("127.0.0.1", 8080),
     }
+
+
+async def serve_one_stream(app: Any) -> None:
+    """One streamed chat request through the ASGI ``app``, as a server passes it: the
+    body at once, then the client waits until the answer's last body has been sent."""
+    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+    sent: list[bool] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if not sent:
+            sent.append(True)
+            return {"type": "http.request", "body": body, "more_body": False}
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            done.set()
+
+    await app(chat_scope(), receive, send)

@@ -33,6 +33,7 @@ from stagelens.telemetry import recording_for
 from stagelens.views.percentiles import ERROR_TARGET, nearest_rank
 from tests._promstack import PROMETHEUS, PromStack, prom_stack
 from tests._scaffold import free_port
+from tests.dashboards.test_dashboards import panel_queries
 from tests.test_percentiles import DISTRIBUTIONS, E2E, ITL, STAGE, TTFT, Draw
 
 DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
@@ -141,13 +142,11 @@ def _percentile_panels() -> list[tuple[str, str, float, str]]:
     for path in sorted(DASHBOARDS.glob("*.json")):
         if path.name.endswith(".gnet.json"):
             continue
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel.get("targets", []):
-                expr = target["expr"]
-                q = re.search(r"histogram_quantile\(([\d.]+),", expr)
-                family = re.search(r"(stagelens_\w+?)_bucket", expr)
-                if q and family and family.group(1) in FAMILIES:
-                    found.append((panel["title"], expr, float(q.group(1)), family.group(1)))
+        for title, expr in panel_queries(json.loads(path.read_text())):
+            q = re.search(r"histogram_quantile\(([\d.]+),", expr)
+            family = re.search(r"(stagelens_\w+?)_bucket", expr)
+            if q and family and family.group(1) in FAMILIES:
+                found.append((title, expr, float(q.group(1)), family.group(1)))
     return found
 
 

@@ -303,12 +303,9 @@ def test_a_span_that_fails_to_build_is_dropped_alone_counted_and_logged_once(
         provider.shutdown()
 
 
-def _stages_of(sampler: Any) -> list[tuple[Any, ...]]:
-    """One request's stages through ``stage()`` under ``sampler`` (the trace kept at its
-    end under the tail sampler): plain, with attributes, nested, a span started inside
-    one, ``.span`` used, a failure, one object entered twice, a decorated coroutine.
-    Returns the exported tree: each span's name, parent's name, attributes, events'
-    names and attribute names, status."""
+def _telemetry(sampler: Any) -> tuple[Any, InMemorySpanExporter]:
+    """stagelens configured as an app configures it, under ``sampler``, its spans kept in
+    memory."""
     exporter = InMemorySpanExporter()
     telemetry = configure(
         span_exporters=[exporter],
@@ -317,6 +314,16 @@ def _stages_of(sampler: Any) -> list[tuple[Any, ...]]:
         gpu=False,
         sampler=sampler,
     )
+    return telemetry, exporter
+
+
+def _stages_of(sampler: Any) -> list[tuple[Any, ...]]:
+    """One request's stages through ``stage()`` under ``sampler`` (the trace kept at its
+    end under the tail sampler): plain, with attributes, nested, a span started inside
+    one, ``.span`` used, a failure, one object entered twice, a decorated coroutine.
+    Returns the exported tree: each span's name, parent's name, attributes, events'
+    names and attribute names, status."""
+    telemetry, exporter = _telemetry(sampler)
 
     @stage("decorated")
     async def decorated() -> None:
@@ -381,14 +388,7 @@ def test_a_span_started_after_its_stage_closed_goes_under_the_stage_parent() -> 
     """A task begun inside a stage of a pending trace that starts a span after the stage
     has closed (its record held already) neither fails nor loses the span: the span hangs
     under the stage's parent (docs/tail-sampling.md says so)."""
-    exporter = InMemorySpanExporter()
-    telemetry = configure(
-        span_exporters=[exporter],
-        registry=CollectorRegistry(),
-        set_global=False,
-        gpu=False,
-        sampler=TailSampler(0.0),
-    )
+    telemetry, exporter = _telemetry(TailSampler(0.0))
     root = telemetry.tracer.start_span("root")
     state = RequestState(telemetry, root)
 
@@ -424,15 +424,7 @@ def telemetries() -> Iterator[dict[str, tuple[Any, InMemorySpanExporter]]]:
     """stagelens under the tail sampler (ratio 0: every trace pending) and always_on."""
     made = {}
     for name, sampler in (("tail", TailSampler(0.0)), ("always_on", ALWAYS_ON)):
-        exporter = InMemorySpanExporter()
-        telemetry = configure(
-            span_exporters=[exporter],
-            registry=CollectorRegistry(),
-            set_global=False,
-            gpu=False,
-            sampler=sampler,
-        )
-        made[name] = (telemetry, exporter)
+        made[name] = _telemetry(sampler)
     yield made
     for telemetry, _ in made.values():
         telemetry.shutdown()
@@ -496,14 +488,7 @@ def test_a_kept_stage_record_lies_on_the_wall_clock_between_readings_around_it()
     wall clock only when its trace is kept: its span starts and ends between ``time_ns``
     readings the test takes around the block, and lasts the duration its metric
     recorded (the request's stage time), to the nanosecond the conversion rounds to."""
-    exporter = InMemorySpanExporter()
-    telemetry = configure(
-        span_exporters=[exporter],
-        registry=CollectorRegistry(),
-        set_global=False,
-        gpu=False,
-        sampler=TailSampler(0.0),
-    )
+    telemetry, exporter = _telemetry(TailSampler(0.0))
     root = telemetry.tracer.start_span("root")
     state = RequestState(telemetry, root)
     entered = _enter(state)

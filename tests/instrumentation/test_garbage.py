@@ -27,7 +27,7 @@ from starlette.responses import StreamingResponse
 import stagelens
 from stagelens import Stage, stage
 from stagelens.tail_sampling import TailSampler
-from tests._scaffold import chat_scope
+from tests._scaffold import serve_one_stream
 
 _USAGE = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
 _METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
@@ -90,25 +90,6 @@ def _proxy(sampler: Any) -> tuple[FastAPI, Any]:
     return app, telemetry
 
 
-async def _serve(app: FastAPI) -> None:
-    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
-    sent: list[bool] = []
-    done = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if not sent:
-            sent.append(True)
-            return {"type": "http.request", "body": body, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            done.set()
-
-    await app(chat_scope(), receive, send)
-
-
 _OURS = ("stagelens.",)
 _HTTPX_CYCLE = {"_AsyncStream", "_SyncStream"}
 """The response's stream, ours in httpx's cycle: there, but holding nothing once done."""
@@ -123,11 +104,11 @@ def test_a_finished_request_leaves_nothing_of_ours_to_the_collector(sampler: Any
     left in a cycle once each request is done, under each sampler (the tail sampler at
     ratio 0 drops the trace)."""
     app, telemetry = _proxy(sampler)
-    asyncio.run(_serve(app))  # one-time set-up (series bound, caches) out of the count
+    asyncio.run(serve_one_stream(app))  # one-time set-up (series bound, caches) out of the count
     gc.collect()
     gc.disable()
     try:
-        asyncio.run(_serve(app))
+        asyncio.run(serve_one_stream(app))
         gc.set_debug(gc.DEBUG_SAVEALL)
         gc.collect()
         ours = sorted(

@@ -25,7 +25,7 @@ from starlette.responses import StreamingResponse
 import stagelens
 from stagelens import Stage, stage
 from stagelens.tail_sampling import TailSampler
-from tests._scaffold import chat_scope
+from tests._scaffold import serve_one_stream
 
 
 class _Answer(httpx.AsyncByteStream):
@@ -77,32 +77,13 @@ def _tree(sampler: Any) -> tuple[list[tuple[str, str | None]], list[str]]:
         return StreamingResponse(relay(), media_type="text/event-stream")
 
     stagelens.instrument_app(app, telemetry=telemetry)
-    asyncio.run(_serve(app))
+    asyncio.run(serve_one_stream(app))
     telemetry.force_flush()
     spans = exporter.get_finished_spans()
     telemetry.shutdown()
     names = {s.context.span_id: s.name for s in spans}
     tree = sorted((s.name, names.get(s.parent.span_id) if s.parent else None) for s in spans)
     return tree, current
-
-
-async def _serve(app: FastAPI) -> None:
-    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
-    sent: list[bool] = []
-    done = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if not sent:
-            sent.append(True)
-            return {"type": "http.request", "body": body, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            done.set()
-
-    await app(chat_scope(), receive, send)
 
 
 def test_a_span_started_in_the_transport_is_the_calls_child_in_a_kept_trace() -> None:
