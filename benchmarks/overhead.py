@@ -44,18 +44,27 @@ VARIANTS = ("bare", "stagelens", "metrics", "sdk", "otel")
 
 UPSTREAM = textwrap.dedent(
     """
-    import json
+    import asyncio, json, os
     from starlette.applications import Starlette
-    from starlette.responses import StreamingResponse
+    from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
 
     USAGE = {"prompt_tokens": 300, "completion_tokens": CHUNKS, "total_tokens": 300 + CHUNKS,
              "prompt_tokens_details": {"cached_tokens": 128}}
     METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
+    MIX_SLOW = float(os.environ.get("BENCH_MIX_SLOW") or 0)  # see mix_of
 
     async def chat(request):
         body = await request.json()
+        slow = False
+        if MIX_SLOW:
+            n = int(str(body.get("user") or "-0").rpartition("-")[2])
+            if n % 100 == 50:  # 1 %: refused, as an overloaded engine
+                return JSONResponse({"error": {"message": "overloaded", "code": 503}}, 503)
+            slow = n % 50 == 25  # 2 %: first event late
         async def events():
+            if slow:
+                await asyncio.sleep(MIX_SLOW)
             for i in range(CHUNKS):
                 chunk = {"id": "chatcmpl-1", "model": body["model"], "choices": [
                     {"index": 0, "delta": {"content": f"tok{i} "},
@@ -260,9 +269,20 @@ def wait_up(url: str, timeout: float = 30) -> None:
 BODY = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def one(client: httpx.AsyncClient) -> float:
+def mix_of(seq: int) -> str | None:
+    """What the upstream does with request ``seq`` when started with ``BENCH_MIX_SLOW``
+    set (the tail sampler's traffic mix, deterministic per request): ``failed`` (1 %,
+    answered 503), ``slow`` (2 %, its first event ``BENCH_MIX_SLOW`` seconds late), or
+    None. The request names ``seq`` in its ``user`` field, which the proxy passes on."""
+    if seq % 100 == 50:
+        return "failed"
+    return "slow" if seq % 50 == 25 else None
+
+
+async def one(client: httpx.AsyncClient, seq: int | None = None) -> float:
     t0 = time.perf_counter()
-    async with client.stream("POST", "/v1/chat/completions", json=BODY) as r:
+    body = BODY if seq is None else {**BODY, "user": f"bench-{seq}"}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         async for _ in r.aiter_raw():
             pass
         if r.status_code != 200:
@@ -313,10 +333,12 @@ def check_full_work(metrics_url: str) -> None:
         raise SystemExit(problem)
 
 
-def full_work_problem(text: str, served: int | None = None) -> str | None:
+def full_work_problem(text: str, served: int | None = None, failed: int = 0) -> str | None:
     """What an instrumented proxy's ``/metrics`` text says it failed to do (None: every
     request counted, its output tokens billed and its engine phases recorded);
-    ``served``: the number of requests it must have counted."""
+    ``served``: the number of requests it must have counted, ``failed`` of them refused
+    by the upstream (the proxy relays the error body under its own 200: counted, with
+    nothing to bill and no engine phases)."""
 
     def total(prefix: str) -> float:
         return sum(
@@ -328,7 +350,8 @@ def full_work_problem(text: str, served: int | None = None) -> str | None:
     output_tokens = total('stagelens_tokens_total{model="tiny",tenant="other",type="output"}')
     phases = total("stagelens_engine_phase_duration_seconds_count")
     requests = total('stagelens_requests_total{code="200",model="tiny"}')  # not /docs
-    if not (output_tokens >= 16 * requests > 0 and phases >= 3 * requests) or (
+    answered = requests - failed
+    if not (output_tokens >= 16 * answered > 0 and phases >= 3 * answered) or (
         served is not None and requests != served
     ):
         return (

@@ -50,6 +50,14 @@ the same run: ``variant~NAME`` for each comma-separated NAME, where NAME is a sh
 what the shortcut saves, printed per request and as a share of bare: a shortcut stays only
 where that is at least 1 % of bare.
 
+``--mix SECONDS``: the traffic mix the tail sampler's goal is stated for. Of every 100
+requests (numbered, deterministically, by the order they are sent), the upstream refuses
+one with a 503 (relayed by the proxy: a failure the tail sampler keeps) and sends the
+first event of two ``SECONDS`` late (slow against the TTFT SLO: kept); with the base ratio
+(``tail``: 1 %), about 4 % of the traces are kept, built and exported. The 200 requests the
+two runs differ by hold 2 refused and 4 late ones; every variant serves the same. The
+wait costs no instructions; the traces kept do (printed per ``tail`` run).
+
 ``--no-gc``: the proxy runs with Python's garbage collector off, every variant alike. A
 full collection walks every live object, so its cost grows with the series a registry
 holds (finer buckets, more labels), and whether one falls between the smaller and the
@@ -94,6 +102,7 @@ from overhead import (
     cpu_seconds,
     free_port,
     full_work_problem,
+    mix_of,
     one,
     proxy_env,
     serve,
@@ -107,6 +116,8 @@ says otherwise (``tail`` is not among them: older code falls back to the SDK's d
 sampler)."""
 _CHECKED = (*_INSTRUMENTED, "tail")
 """Variants whose ``/metrics`` must show the full work: checked after their scrape."""
+_SLOWER = 50
+"""About how many times longer a request takes under valgrind than natively."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -126,6 +137,11 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         "OTEL_BSP_SCHEDULE_DELAY": "3600000",
         # One string hash layout for every run: with random ones, counts moved by ~0.5 %.
         "PYTHONHASHSEED": "0",
+        # The tail sampler's exemplar windows scaled as the requests are: at real speed a
+        # 15 s window holds thousands of requests, and keeps a few; under valgrind it held
+        # a few dozen and kept a third of them (more on a busier host), each built and
+        # exported: the count then said more about the host than about the code.
+        "STAGELENS_TAIL_EXEMPLAR_REFRESH_SECONDS": str(15 * _SLOWER),
     }
     if plain:
         env["STAGELENS_PLAIN"] = plain.replace("+", ",")  # read by stagelens._plain
@@ -137,21 +153,23 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         "--cache-sim=no",
         "--cachegrind-out-file=/dev/null",
     )
+    mixed = bool(os.environ.get("BENCH_MIX_SLOW"))  # --mix (the upstream reads it too)
     proc = serve(work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE)
     try:
         wait_up(f"http://127.0.0.1:{port}/docs", timeout=1800)  # valgrind on a busy host
 
         async def drive() -> None:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-                for _ in range(requests):
-                    await one(c)
+                for seq in range(requests):
+                    await one(c, seq if mixed else None)
                 # Scraped once, as Prometheus would: every request's figures are folded into
                 # the series in both runs, and the series are bound in both (see the module
                 # docstring). A variant without /metrics answers 404, the same in both runs.
                 await asyncio.sleep(1)  # the last request is recorded after its last byte
                 scraped = await c.get("/metrics")
                 if variant in _CHECKED:  # refuse a flattering figure
-                    problem = full_work_problem(scraped.text, served=requests)
+                    failed = sum(mix_of(n) == "failed" for n in range(requests)) if mixed else 0
+                    problem = full_work_problem(scraped.text, served=requests, failed=failed)
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
                 if variant == "tail":
@@ -335,7 +353,17 @@ def main() -> None:
         help="the proxy runs with the garbage collector off: the code path's instructions "
         "without the full collections whose cost grows with every live object (series)",
     )
+    parser.add_argument(
+        "--mix",
+        metavar="SECONDS",
+        type=float,
+        help="the tail sampler's traffic mix: of every 100 requests the upstream refuses one "
+        "(503) and sends the first event of two SECONDS late (1 is well over the TTFT SLO "
+        "threshold under valgrind too)",
+    )
     args = parser.parse_args()
+    if args.mix:
+        os.environ["BENCH_MIX_SLOW"] = str(args.mix)  # read by the upstream (serve passes it)
     if args.no_gc:
         os.environ["BENCH_NO_GC"] = "1"  # read by the proxy program (serve passes it on)
     if args.no_usage:

@@ -189,7 +189,9 @@ class Instruments:
             )
         )
         self.exemplar_slots = (
-            ExemplarSlots(REQUEST_DURATION_BUCKETS) if _compat.in_process_values() else None
+            ExemplarSlots(REQUEST_DURATION_BUCKETS, settings.tail_exemplar_refresh_seconds)
+            if _compat.in_process_values()
+            else None
         )
         """The tail sampler's record of which duration buckets have a fresh kept trace
         (None in multiprocess mode, whose files keep no exemplars: none is chosen)."""

@@ -18,6 +18,7 @@ from stagelens import semconv
 from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
 from stagelens.errors import ConfigurationError
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
+from stagelens.tail_sampling import EXEMPLAR_REFRESH_SECONDS
 
 _ON = frozenset({"1", "true", "yes", "on"})
 _OFF = frozenset({"0", "false", "no", "off"})
@@ -137,6 +138,12 @@ class Settings(BaseSettings):
     """With the tail sampler: a request that took longer than this from receipt to last
     byte keeps its trace (the end-to-end threshold; TTFT and ITL are judged by their SLO
     thresholds)."""
+    tail_exemplar_refresh_seconds: float = Field(default=EXEMPLAR_REFRESH_SECONDS, gt=0)
+    """With the tail sampler: a request-duration bucket of a model that no kept trace filled
+    for this long gets the next request in it kept as its exemplar, and the slowest request
+    of each model in each window this long is kept. About one Prometheus scrape interval:
+    set it to yours, so that each scrape finds a fresh exemplar that opens a trace. Read
+    once per registry, as its instruments are made (the first ``Telemetry`` on it)."""
     genai_metrics: bool = False
     """Also record the GenAI semantic conventions' OpenTelemetry histograms
     (``gen_ai.server.*``, ``gen_ai.client.token.usage``) and export them over OTLP

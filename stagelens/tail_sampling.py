@@ -68,10 +68,11 @@ DEFAULT_RATIO: Final = 0.01
 (every failed, slow, abandoned and exemplar request is kept besides)."""
 
 EXEMPLAR_REFRESH_SECONDS: Final = 15.0
-"""A request-duration bucket of a model that no kept trace filled for this long gets the
-next request that lands in it kept as its exemplar: about one Prometheus scrape interval,
-so each scrape can find a fresh exemplar that opens a trace, at a bounded cost (at most one
-kept trace per model and bucket per interval)."""
+"""The default of ``Settings.tail_exemplar_refresh_seconds``: a request-duration bucket of
+a model that no kept trace filled for this long gets the next request that lands in it
+kept as its exemplar: about one Prometheus scrape interval, so each scrape can find a fresh
+exemplar that opens a trace, at a bounded cost (at most one kept trace per model and
+bucket per interval)."""
 
 _ENV_SAMPLER: Final = "OTEL_TRACES_SAMPLER"
 _ENV_ARG: Final = "OTEL_TRACES_SAMPLER_ARG"

@@ -32,6 +32,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from stagelens import TailSampler, configure, semconv
+from stagelens.config import Settings, load_settings
+from stagelens.errors import ConfigurationError
 from stagelens.telemetry import Telemetry
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
 from tests._scaffold import chat_scope
@@ -345,3 +347,24 @@ def test_the_ratio_rule_is_opentelemetrys(trace_id: int, ratio: float) -> None:
     theirs = TraceIdRatioBased(ratio).should_sample(None, trace_id, "x").decision
     assert (ours is Decision.RECORD_AND_SAMPLE) == (theirs is Decision.RECORD_AND_SAMPLE)
     assert ours in (Decision.RECORD_AND_SAMPLE, Decision.RECORD_ONLY)
+
+
+@pytest.mark.parametrize("window", [15.0, 60.0])
+def test_the_exemplar_window_is_the_setting(window: float) -> None:
+    """``tail_exemplar_refresh_seconds`` is the window of the exemplar rule: a fine request
+    in a bucket that a kept trace filled less than that long ago is not kept, one after it
+    is, and a new window starts a new slowest (``STAGELENS_TAIL_EXEMPLAR_REFRESH_SECONDS``)."""
+    telemetry = Telemetry(
+        Settings(tail_exemplar_refresh_seconds=window), registry=CollectorRegistry()
+    )
+    slots = telemetry.instruments.exemplar_slots
+    assert slots is not None
+    assert slots.claim("m", 0.2, 100.0, kept=False)  # first in its bucket and window
+    assert not slots.claim("m", 0.2, 100.0 + window * 0.99, kept=False)  # filled, not slowest
+    assert slots.claim("m", 0.2, 100.0 + window, kept=False)  # the bucket's exemplar is stale
+    telemetry.shutdown()
+
+
+def test_the_exemplar_window_must_be_positive() -> None:
+    with pytest.raises(ConfigurationError, match="tail_exemplar_refresh_seconds"):
+        load_settings(tail_exemplar_refresh_seconds=0)
