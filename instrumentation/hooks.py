@@ -88,6 +88,8 @@ class Rejected(Exception):
 
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
+_NO_STAGE: Final = contextvars.Token.MISSING
+"""A token's ``old_value`` when no stage was open around the one it opened."""
 _STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
 """Stage members to label values without the enum's ``.value`` descriptor on each use."""
 
@@ -216,25 +218,29 @@ class stage:
             self._t0 = 0.0
             return self
         state = current_request()
-        if state is not None and not state.recording:
-            # Trace sampled out (parent-based sampling): no child span, timing only.
-            self._state = state
-            self._telemetry = None
-            self._t0 = _perf_counter()
-            return self
-        telemetry = state.telemetry if state is not None else default_telemetry()
+        if state is None:
+            telemetry = default_telemetry()
+        else:
+            if not state.recording:
+                # Trace sampled out (parent-based sampling): no child span, timing only.
+                self._state = state
+                self._telemetry = None
+                self._t0 = _perf_counter()
+                return self
+            telemetry = state.telemetry
+            pending = state.pending
+            if pending is not None and pending.kept is None:
+                # Its trace's keep decision waits for the request's end (the tail
+                # sampler), which drops most: the stage is recorded as data (a StageClock
+                # at its exit, ``_close_pending``), a span only if kept.
+                self._state, self._telemetry = state, telemetry
+                self._ctx = ctx
+                given = self._attributes
+                self._given = dict(given) if given else None  # as a span takes them, now
+                self._open = enter_stage(self)
+                self._t0 = _perf_counter()
+                return self
         self._state, self._telemetry = state, telemetry
-        pending = state.pending if state is not None else None
-        if pending is not None and pending.kept is None:
-            # Its trace's keep decision waits for the request's end (the tail sampler),
-            # which drops most: the stage is recorded as data (a StageClock at its
-            # exit), a span only if kept.
-            self._ctx = ctx
-            given = self._attributes
-            self._given = dict(given) if given else None  # as a span takes them, now
-            self._open = enter_stage(self)
-            self._t0 = _perf_counter()
-            return self
         span = telemetry.tracer.start_span(
             self._name, context=ctx, attributes={sc.ATTR_STAGE: self._name}
         )
@@ -262,8 +268,11 @@ class stage:
                     if status is not None and status >= 400:
                         state.reject(self._name)
             return
-        span = self._span
         token = self._open
+        span = self._span
+        if token is not None and span is None and exc is None:
+            self._close_pending(token, elapsed, telemetry)
+            return
         if self._ctx_token is not None:
             try:
                 context.detach(self._ctx_token)
@@ -295,20 +304,36 @@ class stage:
         if span is not None:
             span.end()
             self._span = None
-        elif token is not None and state is not None and (pending := state.pending) is not None:
-            # Nothing asked for its span: held as a StageClock. Its parent is the span
-            # of its context, found when built; inside another open stage (which may be
-            # gone or entered anew by then), that stage's span, found now.
-            outer = outer_stage(token)
-            record: StageClock = (
-                telemetry.tracer,
-                self._name,
-                self._given,
-                self._ctx if outer is None else parent_under(anchor_in(self._ctx), outer),
-                self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
-                elapsed,
-            )
-            pending.add(record)
+
+    def _close_pending(
+        self, token: contextvars.Token[OpenStage | None], elapsed: float, telemetry: Telemetry
+    ) -> None:
+        """The exit of a stage of an undecided trace that nothing asked the span of and
+        that raised nothing: its time for the metric, and its record held with its trace
+        as a ``StageClock``. Its parent is the span of its context, found when built;
+        inside another open stage (which may be gone or entered anew by then), that
+        stage's span, found now."""
+        self._open = None
+        state = self._state
+        assert state is not None  # set with _open
+        pending = state.pending
+        assert pending is not None
+        try:
+            leave_stage(token)
+        except Exception as err:  # as detach: never breaks the app
+            telemetry.report_error("context", err)
+        name = self._name
+        state.stage_times.append((name, elapsed))
+        outer = token.old_value
+        record: StageClock = (
+            telemetry.tracer,
+            name,
+            self._given,
+            self._ctx if outer is _NO_STAGE else parent_under(anchor_in(self._ctx), outer),
+            self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
+            elapsed,
+        )
+        pending.add(record)
 
     async def __aenter__(self) -> stage:
         return self.__enter__()
