@@ -405,6 +405,8 @@ class DeferredTracer(trace.Tracer):
                 # start already decided (RECORD_AND_SAMPLE: a sampled parent or the ratio).
                 pending = PendingTrace(
                     provider._release,
+                    trace_id,
+                    trace_state,
                     tail.head_reason(parent_ctx.trace_flags.sampled)
                     if decision.decision is Decision.RECORD_AND_SAMPLE
                     else None,
@@ -632,15 +634,15 @@ def _built(stage: DeferredSpan) -> RecordedSpan:
     tracer = stage.tracer
     if not isinstance(tracer, DeferredTracer):
         raise TypeError(f"a DeferredSpan of {type(tracer).__name__}, not of a DeferredTracer")
-    parent = stage.parent.get_span_context()
+    pending = stage.pending  # its trace, as its own context says (get_span_context)
     span = RecordedSpan(
         tracer._provider,
         tracer._scope,
         stage.name,
-        parent.trace_id,
-        parent.span_id,
+        pending.trace_id,
+        stage.parent.get_span_context().span_id,
         False,
-        parent.trace_state,
+        pending.trace_state,
         stage.kind,
         stage.start_time,
         {},

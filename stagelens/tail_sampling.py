@@ -161,10 +161,19 @@ class PendingTrace:
     moment of the decision could be left out of a kept trace (never added to a dropped
     one)."""
 
-    __slots__ = ("_release", "_spans", "head", "kept", "owner")
+    __slots__ = ("_release", "_spans", "head", "kept", "owner", "trace_id", "trace_state")
 
-    def __init__(self, release: Callable[[Any], None], head: str | None = None) -> None:
+    def __init__(
+        self,
+        release: Callable[[Any], None],
+        trace_id: int,
+        trace_state: TraceState,
+        head: str | None = None,
+    ) -> None:
         self._release = release
+        self.trace_id = trace_id
+        self.trace_state = trace_state
+        """The trace's id and state: those of every span recorded with it."""
         self._spans: list[Any] = []
         self.head = head
         """``parent`` or ``ratio`` when kept at the start, else None."""
@@ -357,15 +366,16 @@ class DeferredSpan(trace.Span):
     # -- the Span API --------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
         """Draws the span id on first use; sampled only once the trace is kept (as a
-        span of a pending trace says)."""
+        span of a pending trace says). The trace is its pending trace's: no span around
+        it is asked for its context (the upstream call's ``traceparent`` names it alone)."""
         ctx = self._context
         if ctx is None:
-            parent = self.parent.get_span_context()
             if not self.span_id:
                 self.span_id = new_id(64)
-            flags = _SAMPLED if self.pending.kept else _NOT_SAMPLED
+            pending = self.pending
+            flags = _SAMPLED if pending.kept else _NOT_SAMPLED
             ctx = self._context = SpanContext(
-                parent.trace_id, self.span_id, False, flags, parent.trace_state
+                pending.trace_id, self.span_id, False, flags, pending.trace_state
             )
         return ctx
 
