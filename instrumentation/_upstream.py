@@ -53,6 +53,9 @@ _MAX_BODY: Final = 4 * 1024 * 1024
 read)."""
 _NS: Final = 1_000_000_000
 _INFERENCE: Final = Stage.INFERENCE.value
+_Ending = tuple[BaseException | None, Usage | None, str | bool | None, list[tuple[str, float]], int]
+"""How a call of an undecided trace ended, for its span if kept: (error, usage, estimated,
+engine phases, end in ``time_ns``)."""
 
 
 class Mode(enum.Enum):
@@ -140,7 +143,8 @@ class _UpstreamCall(EventReader):
             # (bound methods, not closures: nothing is made per call beyond them).
             self._operation, self._request = operation, request
             self._response_headers: httpx.Headers | None = None
-            span.when_built(self._built_request)
+            self._ending: _Ending | None = None
+            span.when_built(self._built)
             self.span = span
             later = True
         else:
@@ -333,7 +337,6 @@ class _UpstreamCall(EventReader):
         if type(span) is DeferredSpan:  # the tail sampler, undecided: only if kept
             end_ns = self._engine_ns or time.time_ns()
             self._ending = (error, usage, billing or counted, phases, end_ns)
-            span.when_built(self._built_response)
             span.end()
             # The span is its trace's now. Let go of it: its completions hold this call,
             # and a call holding the span would make a cycle that only the garbage
@@ -345,19 +348,19 @@ class _UpstreamCall(EventReader):
             self._engine_spans(span, phases, self._engine_ns or time.time_ns())
         span.end()
 
-    def _built_request(self, built: trace.Span) -> None:
-        """The request attributes of the span built from the call's ``DeferredSpan`` (a
-        completion run only if the trace is kept)."""
+    def _built(self, built: trace.Span) -> None:
+        """What the span built from the call's ``DeferredSpan`` holds besides the calls made
+        on it, as a span recorded at once gets it (a completion run only if the trace is
+        kept): the request attributes, then, as ``_finish`` sets them, the vLLM request
+        id, the answer's attributes and the engine's spans. A span is built only once it
+        ended, so the call has ended too (``_ending``), unless ending it failed."""
         built.set_attributes(
             _client_attributes(
                 self.model, self.stream, self._operation, self._payload, self._request
             )
         )
-
-    def _built_response(self, built: trace.Span) -> None:
-        """The rest of the span built from the call's ``DeferredSpan``, as ``_finish`` sets
-        it on a span recorded at once: the vLLM request id, the answer's attributes and the
-        engine's spans (a completion run only if the trace is kept)."""
+        if self._ending is None:
+            return
         headers = self._response_headers
         if headers is not None:
             vllm_id = header_value(headers, REQUEST_ID_KEY)
