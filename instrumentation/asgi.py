@@ -542,6 +542,8 @@ class _RequestTracker:
                     method = sc.HTTP_SPAN_NAME_OTHER
                 root.update_name(f"{method} {route_path}")
                 attributes[sc.HTTP_ROUTE] = route_path
+            if state.model is not None:
+                attributes[sc.GEN_AI_REQUEST_MODEL] = state.model
             ttft, ttfat = firsts  # (the time to first token, to first answer token)
             if ttft is not None:
                 attributes[sc.ATTR_TTFT] = ttft

@@ -134,10 +134,9 @@ class RequestState:
         return self.model or self.telemetry.settings.default_model
 
     def set_model(self, model: str) -> None:
-        """Name the served model (labels every metric of this request)."""
+        """Name the served model (labels every metric of this request; the root span
+        says it as it ends, with the request's other figures)."""
         self.model = model
-        if self.root_span.is_recording():
-            self.root_span.set_attribute(sc.GEN_AI_REQUEST_MODEL, model)
 
     def set_tenant(self, tenant: str) -> None:
         """Name the tenant (a configured name or a key fingerprint, never a key)."""
