@@ -123,6 +123,20 @@ PROXY = textwrap.dedent(
             sdk_provider = TracerProvider()
             sdk_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         telemetry = stagelens.configure(tracer_provider=sdk_provider)
+        slots = telemetry.instruments.exemplar_slots
+        if os.environ.get("BENCH_NO_EXEMPLAR_KEEPS") and slots is not None:
+            # overhead_instructions.py: the exemplar rule runs (its cost is counted) but
+            # keeps nothing by itself (see there why)
+            from stagelens.tail_sampling import ExemplarSlots
+
+            class _NoKeep(ExemplarSlots):
+                __slots__ = ()
+
+                def claim(self, model, duration, now, kept):
+                    super().claim(model, duration, now, kept)
+                    return kept
+
+            slots.__class__ = _NoKeep
         if not os.environ.get("BENCH_NO_HTTPX"):
             stagelens.instrument_httpx_client(client, telemetry=telemetry)
     elif VARIANT == "floor":
@@ -270,19 +284,26 @@ BODY = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content"
 
 
 def mix_of(seq: int) -> str | None:
-    """What the upstream does with request ``seq`` when started with ``BENCH_MIX_SLOW``
-    set (the tail sampler's traffic mix, deterministic per request): ``failed`` (1 %,
-    answered 503), ``slow`` (2 %, its first event ``BENCH_MIX_SLOW`` seconds late), or
-    None. The request names ``seq`` in its ``user`` field, which the proxy passes on."""
+    """What request ``seq`` is in the tail sampler's traffic mix, deterministic per request:
+    ``failed`` (1 %: the upstream, started with ``BENCH_MIX_SLOW`` set, answers 503),
+    ``slow`` (2 %: its first event ``BENCH_MIX_SLOW`` seconds late), ``sampled`` (1 %: the
+    client's ``traceparent`` says sampled, which the tail sampler keeps at the start, as it
+    keeps the traces its base ratio picks), or None. The request names ``seq`` in its
+    ``user`` field, which the proxy passes on."""
     if seq % 100 == 50:
         return "failed"
+    if seq % 100 == 10:
+        return "sampled"
     return "slow" if seq % 50 == 25 else None
 
 
 async def one(client: httpx.AsyncClient, seq: int | None = None) -> float:
     t0 = time.perf_counter()
     body = BODY if seq is None else {**BODY, "user": f"bench-{seq}"}
-    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+    headers = None
+    if seq is not None and mix_of(seq) == "sampled":
+        headers = {"traceparent": f"00-{seq + 1:032x}-{seq + 1:016x}-01"}
+    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         async for _ in r.aiter_raw():
             pass
         if r.status_code != 200:

@@ -51,12 +51,21 @@ what the shortcut saves, printed per request and as a share of bare: a shortcut 
 where that is at least 1 % of bare.
 
 ``--mix SECONDS``: the traffic mix the tail sampler's goal is stated for. Of every 100
-requests (numbered, deterministically, by the order they are sent), the upstream refuses
+requests (numbered by the order they are sent, ``overhead.mix_of``), the upstream refuses
 one with a 503 (relayed by the proxy: a failure the tail sampler keeps) and sends the
-first event of two ``SECONDS`` late (slow against the TTFT SLO: kept); with the base ratio
-(``tail``: 1 %), about 4 % of the traces are kept, built and exported. The 200 requests the
-two runs differ by hold 2 refused and 4 late ones; every variant serves the same. The
-wait costs no instructions; the traces kept do (printed per ``tail`` run).
+first event of two ``SECONDS`` late (slow against the TTFT SLO: kept), and the client's
+``traceparent`` of one says sampled: ``tail`` runs at base ratio 0, so that this one
+stands for the 1 % its base ratio would keep (the same path: kept at the start) on the
+same requests in every run. So 4 % of the traces are kept, built and exported; the 200
+requests the two runs differ by hold 2 refused, 4 late and 2 sampled ones, and every
+variant serves the same. The wait costs no instructions; the traces kept do (printed per
+``tail`` run).
+
+Under any option the tail sampler's ``exemplar`` rule is counted (it runs on every
+request) but keeps nothing by itself: its keeps come per 15 s window, a bucket's first
+trace and each new slowest, a few in thousands of requests at real speed; under valgrind,
+at a few requests a second, they were 5-10 % of the requests, and a different number in
+every run (``benchmarks/tail_sampling.py`` runs at real speed, with them).
 
 ``--no-gc``: the proxy runs with Python's garbage collector off, every variant alike. A
 full collection walks every live object, so its cost grows with the series a registry
@@ -116,8 +125,6 @@ says otherwise (``tail`` is not among them: older code falls back to the SDK's d
 sampler)."""
 _CHECKED = (*_INSTRUMENTED, "tail")
 """Variants whose ``/metrics`` must show the full work: checked after their scrape."""
-_SLOWER = 50
-"""About how many times longer a request takes under valgrind than natively."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -127,6 +134,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
     port = free_port()
     variant, _, tree = variant.partition("@")
     variant, _, plain = variant.partition("~")
+    mixed = bool(os.environ.get("BENCH_MIX_SLOW"))  # --mix (the upstream reads it too)
     env = {
         **proxy_env(variant, upstream, sink),
         "STAGELENS_GPU_COLLECTOR": "0",
@@ -137,12 +145,16 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         "OTEL_BSP_SCHEDULE_DELAY": "3600000",
         # One string hash layout for every run: with random ones, counts moved by ~0.5 %.
         "PYTHONHASHSEED": "0",
-        # The tail sampler's exemplar windows scaled as the requests are: at real speed a
-        # 15 s window holds thousands of requests, and keeps a few; under valgrind it held
-        # a few dozen and kept a third of them (more on a busier host), each built and
-        # exported: the count then said more about the host than about the code.
-        "STAGELENS_TAIL_EXEMPLAR_REFRESH_SECONDS": str(15 * _SLOWER),
+        # The tail sampler's exemplar rule runs but keeps nothing by itself: it keeps a
+        # few traces per window of 15 s (a bucket's first, each new slowest), which at
+        # real speed is a few in thousands of requests, and under valgrind, at a few a
+        # second, was 5-10 % of them, more on a busier host and different in every run.
+        "BENCH_NO_EXEMPLAR_KEEPS": "1",
     }
+    if mixed and variant == "tail":
+        # The mix's 1 % kept at the start is the client's sampled traceparent (mix_of),
+        # not the base ratio's random pick of trace ids: the same requests in every run.
+        env["OTEL_TRACES_SAMPLER_ARG"] = "0"
     if plain:
         env["STAGELENS_PLAIN"] = plain.replace("+", ",")  # read by stagelens._plain
     if tree:
@@ -153,7 +165,6 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         "--cache-sim=no",
         "--cachegrind-out-file=/dev/null",
     )
-    mixed = bool(os.environ.get("BENCH_MIX_SLOW"))  # --mix (the upstream reads it too)
     proc = serve(work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE)
     try:
         wait_up(f"http://127.0.0.1:{port}/docs", timeout=1800)  # valgrind on a busy host
