@@ -232,7 +232,7 @@ class stage:
             if pending is not None and pending.kept is None:
                 # Its trace's keep decision waits for the request's end (the tail
                 # sampler), which drops most: the stage is recorded as data (a StageClock
-                # at its exit, ``_close_pending``), a span only if kept.
+                # at its exit), a span only if kept.
                 self._state, self._telemetry = state, telemetry
                 self._ctx = ctx
                 given = self._attributes
@@ -270,23 +270,40 @@ class stage:
             return
         token = self._open
         span = self._span
-        if token is not None and span is None and exc is None:
-            self._close_pending(token, elapsed, telemetry)
-            return
-        if self._ctx_token is not None:
+        if token is not None:  # a stage of an undecided trace (see __enter__)
+            self._open = None
+            try:
+                leave_stage(token)
+            except Exception as err:  # as detach: never breaks the app
+                telemetry.report_error("context", err)
+            if span is None:
+                if exc is None and state is not None and (pending := state.pending) is not None:
+                    # Nothing asked for its span: its time, and its record held with its
+                    # trace as a StageClock. Its parent is the span of its context, found
+                    # when built; inside another open stage (which may be gone or entered
+                    # anew by then), that stage's span, found now.
+                    name = self._name
+                    state.stage_times.append((name, elapsed))
+                    outer = token.old_value
+                    record: StageClock = (
+                        telemetry.tracer,
+                        name,
+                        self._given,
+                        self._ctx
+                        if outer is _NO_STAGE
+                        else parent_under(anchor_in(self._ctx), outer),
+                        self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
+                        elapsed,
+                    )
+                    pending.add(record)
+                    return
+                span = self._deferred(token)  # the failure is recorded on its span
+        elif self._ctx_token is not None:
             try:
                 context.detach(self._ctx_token)
             except Exception as err:  # a detach in another context must not break the app
                 telemetry.report_error("context", err)
             self._ctx_token = None
-        elif token is not None:
-            try:
-                leave_stage(token)
-            except Exception as err:  # as detach: never breaks the app
-                telemetry.report_error("context", err)
-            self._open = None
-            if span is None and exc is not None:  # the failure is recorded on its span
-                span = self._deferred(token)
         if state is not None:
             state.stage_times.append((self._name, elapsed))
         else:
@@ -304,36 +321,6 @@ class stage:
         if span is not None:
             span.end()
             self._span = None
-
-    def _close_pending(
-        self, token: contextvars.Token[OpenStage | None], elapsed: float, telemetry: Telemetry
-    ) -> None:
-        """The exit of a stage of an undecided trace that nothing asked the span of and
-        that raised nothing: its time for the metric, and its record held with its trace
-        as a ``StageClock``. Its parent is the span of its context, found when built;
-        inside another open stage (which may be gone or entered anew by then), that
-        stage's span, found now."""
-        self._open = None
-        state = self._state
-        assert state is not None  # set with _open
-        pending = state.pending
-        assert pending is not None
-        try:
-            leave_stage(token)
-        except Exception as err:  # as detach: never breaks the app
-            telemetry.report_error("context", err)
-        name = self._name
-        state.stage_times.append((name, elapsed))
-        outer = token.old_value
-        record: StageClock = (
-            telemetry.tracer,
-            name,
-            self._given,
-            self._ctx if outer is _NO_STAGE else parent_under(anchor_in(self._ctx), outer),
-            self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
-            elapsed,
-        )
-        pending.add(record)
 
     async def __aenter__(self) -> stage:
         return self.__enter__()
