@@ -205,9 +205,10 @@ _DECISION = re.compile(
 def _decisions(text: str) -> str:
     """What the tail sampler decided, from a scrape: ``kept N (reason n, ...), dropped M``.
 
-    Why printed: under valgrind a request takes ~50 times as long, so each 15 s window of
-    the ``exemplar`` rule holds ~50 times fewer requests and keeps a larger share of them
-    than at real speed; the share kept, built and exported is part of the tail figure."""
+    Why printed: every kept trace is built, encoded and exported, about 5 k instructions a
+    request for each kept in the 200 requests two counts differ by, so the figures of two
+    revisions compare only with what each kept beside them (``--mix`` keeps the same
+    requests in every run; the first request of a run, warming up, may be ``slow``)."""
     kept: dict[str, float] = {}
     dropped = 0.0
     for decision, reason, value in _DECISION.findall(text):
