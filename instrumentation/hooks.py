@@ -88,8 +88,6 @@ class Rejected(Exception):
 
 _perf_counter: Final = time.perf_counter
 _time_ns: Final = time.time_ns
-_NO_STAGE: Final = contextvars.Token.MISSING
-"""A token's ``old_value`` when no stage was open around the one it opened."""
 _STAGE_NAMES: dict[object, str] = {member: member.value for member in Stage}
 """Stage members to label values without the enum's ``.value`` descriptor on each use."""
 
@@ -284,14 +282,12 @@ class stage:
                     # anew by then), that stage's span, found now.
                     name = self._name
                     state.stage_times.append((name, elapsed))
-                    outer = token.old_value
+                    outer = outer_stage(token)
                     record: StageClock = (
                         telemetry.tracer,
                         name,
                         self._given,
-                        self._ctx
-                        if outer is _NO_STAGE
-                        else parent_under(anchor_in(self._ctx), outer),
+                        self._ctx if outer is None else parent_under(anchor_in(self._ctx), outer),
                         self._t0,  # on the perf_counter clock, as its duration (on_wall_clock)
                         elapsed,
                     )
