@@ -56,12 +56,10 @@ UPSTREAM = textwrap.dedent(
 
     async def chat(request):
         body = await request.json()
-        slow = False
-        if MIX_SLOW:
-            n = int(str(body.get("user") or "-0").rpartition("-")[2])
-            if n % 100 == 50:  # 1 %: refused, as an overloaded engine
-                return JSONResponse({"error": {"message": "overloaded", "code": 503}}, 503)
-            slow = n % 50 == 25  # 2 %: first event late
+        kind = str(body.get("user") or "") if MIX_SLOW else ""  # what mix_of made it
+        if kind == "bench-failed":  # refused, as an overloaded engine
+            return JSONResponse({"error": {"message": "overloaded", "code": 503}}, 503)
+        slow = kind == "bench-slow"  # its first event late
         async def events():
             if slow:
                 await asyncio.sleep(MIX_SLOW)
@@ -288,8 +286,9 @@ def mix_of(seq: int) -> str | None:
     ``failed`` (1 %: the upstream, started with ``BENCH_MIX_SLOW`` set, answers 503),
     ``slow`` (2 %: its first event ``BENCH_MIX_SLOW`` seconds late), ``sampled`` (1 %: the
     client's ``traceparent`` says sampled, which the tail sampler keeps at the start, as it
-    keeps the traces its base ratio picks), or None. The request names ``seq`` in its
-    ``user`` field, which the proxy passes on."""
+    keeps the traces its base ratio picks), or None. The request names what it is in its
+    ``user`` field (``bench-failed``...), which the proxy passes on to the upstream: the
+    rule lives here alone."""
     if seq % 100 == 50:
         return "failed"
     if seq % 100 == 10:
@@ -299,9 +298,10 @@ def mix_of(seq: int) -> str | None:
 
 async def one(client: httpx.AsyncClient, seq: int | None = None) -> float:
     t0 = time.perf_counter()
-    body = BODY if seq is None else {**BODY, "user": f"bench-{seq}"}
+    kind = mix_of(seq) if seq is not None else None
+    body = BODY if seq is None else {**BODY, "user": f"bench-{kind}"}
     headers = None
-    if seq is not None and mix_of(seq) == "sampled":
+    if kind == "sampled":
         headers = {"traceparent": f"00-{seq + 1:032x}-{seq + 1:016x}-01"}
     async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
         async for _ in r.aiter_raw():
