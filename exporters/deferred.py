@@ -44,6 +44,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
+    DEFAULT_TRACE_STATE,
     Link,
     NonRecordingSpan,
     SpanContext,
@@ -85,7 +86,7 @@ MAX_ATTRIBUTES: Final = 128
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
-_EMPTY_STATE: Final = TraceState()
+_EMPTY_STATE: Final = DEFAULT_TRACE_STATE  # (the encoder finds it empty by identity)
 _UNSET: Final = Status(StatusCode.UNSET)
 _SPAN_KEY: Final = _compat.span_key()
 _current_context: Final = _compat.current_context_getter()
@@ -526,9 +527,10 @@ class DeferredTracerProvider(trace.TracerProvider):
         decided or the span ends (the middleware, a stage's exit): a failure there (its
         ``when_built`` functions included) drops that span only, counted as a failed
         export and logged once, and never reaches the request."""
-        if not isinstance(span, RecordedSpan):
+        kind = type(span)  # (an ABC's isinstance that fails is a Python call)
+        if kind is not RecordedSpan:
             try:
-                span = _built(span) if isinstance(span, DeferredSpan) else _built_stage(span)
+                span = _built(span) if kind is DeferredSpan else _built_stage(span)
             except Exception as exc:  # by type only: a message may quote content
                 self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
                 return
