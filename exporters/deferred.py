@@ -527,13 +527,16 @@ class DeferredTracerProvider(trace.TracerProvider):
         decided or the span ends (the middleware, a stage's exit): a failure there (its
         ``when_built`` functions included) drops that span only, counted as a failed
         export and logged once, and never reaches the request."""
-        kind = type(span)  # (an ABC's isinstance that fails is a Python call)
-        if kind is not RecordedSpan:
-            try:
-                span = _built(span) if kind is DeferredSpan else _built_stage(span)
-            except Exception as exc:  # by type only: a message may quote content
-                self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
-                return
+        try:
+            # A stage's record is told first: a failed isinstance against the Span ABC
+            # (which a tuple fails) is a Python call; one of the exact type is not.
+            if isinstance(span, tuple):
+                span = _built_stage(span)
+            elif not isinstance(span, RecordedSpan):
+                span = _built(span)
+        except Exception as exc:  # by type only: a message may quote content
+            self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
+            return
         self._enqueue(span)
 
     def _enqueue(self, span: RecordedSpan) -> None:
