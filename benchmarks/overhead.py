@@ -207,12 +207,46 @@ PROXY = textwrap.dedent(
 )
 
 
+SLOW_TICK = textwrap.dedent(
+    """
+    \"\"\"uvicorn serving ``sys.argv[1]`` (``module:app``) on 127.0.0.1, port ``sys.argv[2]``,
+    as ``python -m uvicorn`` does with the bench's options, its server's housekeeping tick
+    every ``sys.argv[3]`` seconds rather than every 0.1 s (see ``serve``).\"\"\"
+    import asyncio, sys
+
+    import uvicorn
+
+    TICK = float(sys.argv[3])
+
+
+    class Server(uvicorn.Server):
+        async def main_loop(self):
+            # uvicorn's loop, its sleep longer; the counter advances by the ticks it stands
+            # for, so what on_tick does once a second (the Date header) is done each tick.
+            counter = 0
+            should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + 10) % 864000
+                await asyncio.sleep(TICK)
+                should_exit = await self.on_tick(counter)
+
+
+    config = uvicorn.Config(
+        sys.argv[1], host="127.0.0.1", port=int(sys.argv[2]), log_level="warning",
+        access_log=False,
+    )
+    Server(config).run()
+    """
+)
+
+
 def write_programs(work: Path, chunks: int = CHUNKS) -> Path:
     """Write the upstream (streaming ``chunks`` content events), sink and proxy programs
     (and the floor's module) into ``work``."""
     (work / "bench_upstream.py").write_text(UPSTREAM.replace("CHUNKS", str(chunks)))
     (work / "bench_sink.py").write_text(SINK)
     (work / "bench_proxy.py").write_text(PROXY)
+    (work / "bench_slow_tick.py").write_text(SLOW_TICK)
     shutil.copy(Path(__file__).with_name("capture_floor.py"), work / "capture_floor.py")
     return work
 
@@ -244,24 +278,23 @@ def serve(
     *,
     prefix: tuple[str, ...] = (),
     stderr: int | None = None,
+    tick: float | None = None,
 ) -> subprocess.Popen[bytes]:
-    """``module:app`` under uvicorn on ``port`` (``prefix``: a wrapper such as valgrind)."""
-    cmd = [
-        *prefix,
-        sys.executable,
-        "-m",
-        "uvicorn",
-        f"{module}:app",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-        "--app-dir",
-        str(module_dir),
-    ]
+    """``module:app`` under uvicorn on ``port`` (``prefix``: a wrapper such as valgrind).
+
+    ``tick``: uvicorn's housekeeping tick (a timer every 0.1 s, about 20 k instructions
+    each) every ``tick`` seconds instead (``bench_slow_tick.py``). Why: its cost grows with
+    wall time, not with requests; under valgrind, ~50x slower, each request paid ~50x its
+    real-speed share of it, more on a busier host (an idle proxy under valgrind spent
+    225 k instructions a second on it, 11 k with a 5 s tick)."""
+    if tick is None:
+        server = [sys.executable, "-m", "uvicorn", f"{module}:app", "--host", "127.0.0.1"]
+        server += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
+        server += ["--app-dir", str(module_dir)]
+    else:
+        launcher = str(module_dir / "bench_slow_tick.py")
+        server = [sys.executable, launcher, f"{module}:app", str(port), str(tick)]
+    cmd = [*prefix, *server]
     # Run from the programs' folder: ``python -m`` puts the working directory first on
     # sys.path, and a checkout's own ``stagelens/`` there would shadow PYTHONPATH.
     return subprocess.Popen(cmd, env={**os.environ, **env}, stderr=stderr, cwd=module_dir)

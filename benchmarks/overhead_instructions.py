@@ -67,6 +67,20 @@ trace and each new slowest, a few in thousands of requests at real speed; under 
 at a few requests a second, they were 5-10 % of the requests, and a different number in
 every run (``benchmarks/tail_sampling.py`` runs at real speed, with them).
 
+``--layouts K``: every variant is counted in K memory layouts (its environment padded to
+K lengths, ``_layout_pad``), and the figures are their means. Where objects land decides
+which collide in CPython's caches, so one process's figure carries a steady offset of its
+own (the same code counted up to 13 k a request apart in two layouts): a difference of a
+few k between two revisions, or two variants, in one layout can be that offset alone.
+With K > 1 each variant's share of bare is printed per layout, and the tail sampler's
+points over metrics only.
+
+Under valgrind the proxy's uvicorn ticks (its housekeeping timer) every 5 s, not every
+0.1 s (``overhead.serve``): each tick costs the same instructions at any speed, so at
+valgrind's ~50x slower requests they were ~50x their share of a request, and that share
+grew with how busy the host was (the idle proxy spent 225 k instructions a second on
+them, 11 k with the slower tick).
+
 ``--no-gc``: the proxy runs with Python's garbage collector off, every variant alike. A
 full collection walks every live object, so its cost grows with the series a registry
 holds (finer buckets, more labels), and whether one falls between the smaller and the
@@ -97,12 +111,14 @@ import asyncio
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Final
 
 import httpx
 
@@ -126,11 +142,18 @@ sampler)."""
 _CHECKED = (*_INSTRUMENTED, "tail")
 """Variants whose ``/metrics`` must show the full work: checked after their scrape."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+_TICK: Final = 5.0
+"""Seconds between the valgrind'd proxy's uvicorn housekeeping ticks: 0.1 s at real speed,
+times valgrind's ~50x (see ``overhead.serve``), so that they cost a request what they cost
+it at real speed, as ``OTEL_BSP_SCHEDULE_DELAY`` is scaled for the export timer."""
 
 
-def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) -> int:
+def _count(
+    work: Path, variant: str, requests: int, upstream: int, sink: int, layout: int = 0
+) -> int:
     """Instructions of one proxy process that served ``requests`` requests, start to exit.
-    ``variant@TREE``: the variant on the stagelens code exported to ``TREE``."""
+    ``variant@TREE``: the variant on the stagelens code exported to ``TREE``. ``layout``:
+    which memory layout the process gets (``_layout_pad``)."""
     port = free_port()
     variant, _, tree = variant.partition("@")
     variant, _, plain = variant.partition("~")
@@ -150,6 +173,7 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         # real speed is a few in thousands of requests, and under valgrind, at a few a
         # second, was 5-10 % of them, more on a busier host and different in every run.
         "BENCH_NO_EXEMPLAR_KEEPS": "1",
+        "BENCH_LAYOUT_PAD": _layout_pad(layout),
     }
     if mixed and variant == "tail":
         # The mix's 1 % kept at the start is the client's sampled traceparent (mix_of),
@@ -165,7 +189,9 @@ def _count(work: Path, variant: str, requests: int, upstream: int, sink: int) ->
         "--cache-sim=no",
         "--cachegrind-out-file=/dev/null",
     )
-    proc = serve(work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE)
+    proc = serve(
+        work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE, tick=_TICK
+    )
     try:
         wait_up(f"http://127.0.0.1:{port}/docs", timeout=1800)  # valgrind on a busy host
 
@@ -250,11 +276,25 @@ def _export_revision(revision: str, into: Path) -> Path:
     return source
 
 
+def _layout_pad(layout: int) -> str:
+    """An environment variable's value, of a length each ``layout`` has its own of.
+
+    Why: where objects land in memory decides which of them collide in CPython's caches
+    (the type attribute cache is indexed by addresses), and a collision repeated on every
+    request costs the same every time. So a process's figure carries an offset of its
+    own, steady from run to run and unrelated to the code: the same metrics-only code
+    counted 8 k and 13 k a request apart with this value 1,000 and 2,777 bytes longer.
+    The environment is copied to the heap at start-up, so its size moves everything
+    allocated after it; counting each variant in several layouts (``--layouts``) shows
+    that spread, and their mean is a figure of the code."""
+    return "x" * (layout * 1531)
+
+
 def _per_request(
-    work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int
+    work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int, layout: int = 0
 ) -> dict[str, float]:
     """Instructions per request of each variant: two runs, ``runs`` requests each, one
-    valgrind per core.
+    valgrind per core, both in memory layout ``layout`` (``_layout_pad``).
 
     A plain twin (``variant~NAME``) runs the larger count only: its start-up is its base
     variant's (the same modules imported; the switch only picks, once, which of two
@@ -267,7 +307,11 @@ def _per_request(
     jobs = [(v, n) for v in variants for n in runs if n == large or start_of(v) == v]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(
-            zip(jobs, pool.map(lambda j: _count(work, j[0], j[1], up, sink), jobs), strict=True)
+            zip(
+                jobs,
+                pool.map(lambda j: _count(work, j[0], j[1], up, sink, layout), jobs),
+                strict=True,
+            )
         )
         for (v, n), count in counts.items():
             print(f"  {v.partition('@')[0]} x {n}: {count} instructions", flush=True)
@@ -322,6 +366,27 @@ def _plain_savings(per_request: dict[str, float]) -> None:
         print(f"{twin:34s} {saved:10.0f} {share}")
 
 
+def _layout_table(per_layout: list[dict[str, float]], against: str | None) -> None:
+    """Each variant's figure in each memory layout (``_layout_pad``), as % of bare's in
+    the same layout, and the spread; then, where both ran, the tail sampler's points over
+    metrics only (its goal's figure) per layout and their mean."""
+    if "bare" not in per_layout[0]:
+        return
+    print(f"\n% of bare per layout (--layouts {len(per_layout)})")
+    for variant in per_layout[0]:
+        shares = [100 * (f[variant] / f["bare"] - 1) for f in per_layout]
+        cells = " ".join(f"{x:+7.2f}" for x in shares)
+        print(f"{_shown(variant, against):18s} {cells}   mean {statistics.fmean(shares):+6.2f}")
+    for variant in per_layout[0]:
+        name, at, tree = variant.partition("@")
+        if name != "tail" or f"metrics{at}{tree}" not in per_layout[0]:
+            continue
+        points = [100 * (f[variant] - f[f"metrics{at}{tree}"]) / f["bare"] for f in per_layout]
+        cells = " ".join(f"{x:7.2f}" for x in points)
+        label = _shown(variant, against).replace("tail", "tail - metrics", 1)
+        print(f"{label:18s} {cells}   mean {statistics.fmean(points):6.2f} points")
+
+
 def _table(per_request: dict[str, float], against: str | None) -> None:
     base = per_request.get("bare")
     for variant, n in per_request.items():
@@ -337,6 +402,14 @@ def main() -> None:
     parser.add_argument("--events", default="16", help="content events per answer: N or N,M")
     parser.add_argument("--long-small", type=int, default=4)
     parser.add_argument("--long-large", type=int, default=14)
+    parser.add_argument(
+        "--layouts",
+        type=int,
+        default=1,
+        metavar="K",
+        help="count every variant in K memory layouts and report their mean (the spread "
+        "between layouts is a figure's noise: see _layout_pad)",
+    )
     parser.add_argument(
         "--against",
         metavar="REF",
@@ -383,6 +456,8 @@ def main() -> None:
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     events = sorted({int(e) for e in args.events.split(",") if e})
+    if args.layouts < 1:
+        raise SystemExit("--layouts must be at least 1")
     if args.large <= args.small or args.long_large <= args.long_small or len(events) > 2:
         raise SystemExit(
             "--large must exceed --small (and --long-large --long-small); "
@@ -417,7 +492,13 @@ def main() -> None:
             servers.append(serve(work_n, "bench_upstream", up_port, {}))
             wait_up(f"http://127.0.0.1:{up_port}/", timeout=300)
             runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
-            results[n] = _per_request(work_n, variants, runs, up_port, sink_port)
+            per_layout = [
+                _per_request(work_n, variants, runs, up_port, sink_port, layout)
+                for layout in range(args.layouts)
+            ]
+            results[n] = {v: statistics.fmean(f[v] for f in per_layout) for v in variants}
+            if args.layouts > 1:
+                _layout_table(per_layout, args.against)
             print(f"\n{n} content events per answer ({runs[0]} and {runs[1]} requests)")
             print(f"{'variant':18s} {'instr/req':>10s} {'vs bare':>8s} {'throughput left':>16s}")
             _table(results[n], args.against)
