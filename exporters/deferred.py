@@ -44,7 +44,6 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
-    DEFAULT_TRACE_STATE,
     Link,
     NonRecordingSpan,
     SpanContext,
@@ -86,7 +85,7 @@ MAX_ATTRIBUTES: Final = 128
 
 _SAMPLED: Final = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED: Final = TraceFlags(TraceFlags.DEFAULT)
-_EMPTY_STATE: Final = DEFAULT_TRACE_STATE  # (the encoder finds it empty by identity)
+_EMPTY_STATE: Final = TraceState()
 _UNSET: Final = Status(StatusCode.UNSET)
 _SPAN_KEY: Final = _compat.span_key()
 _current_context: Final = _compat.current_context_getter()

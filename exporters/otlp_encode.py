@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import DEFAULT_TRACE_STATE, Link, SpanKind, StatusCode, TraceState
+from opentelemetry.trace import Link, SpanKind, StatusCode
 
 from stagelens._plain import plain
 
@@ -70,19 +70,6 @@ def encode_request(batch: Sequence[RecordedSpan], resource: Resource) -> bytes:
 
 _KIND: Final = {kind: b"\x30" + bytes((kind.value + 1,)) for kind in SpanKind}
 """Span.kind = 6, per kind (the proto enum starts at UNSPECIFIED)."""
-_INTERNAL: Final = SpanKind.INTERNAL
-_INTERNAL_FIELD: Final = _KIND[_INTERNAL]
-"""A stage's kind, found without hashing the enum (its ``__hash__`` is a Python call)."""
-_EMPTY_STATE: Final = DEFAULT_TRACE_STATE
-"""The trace state of nearly every span (the deferred tracer's, immutable): any other is
-tested for being empty, a Python call (``TraceState.__len__``)."""
-
-
-def _trace_state(state: TraceState) -> bytes:
-    """``Span.trace_state`` (field 3): the W3C ``tracestate`` header's value."""
-    return _ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode())
-
-
 _lengths: dict[int, bytes] = {}
 """Varint lengths of 128 bytes and more, encoded once per length (a trace's spans come in
 a few recurring sizes)."""
@@ -107,7 +94,6 @@ def _span(span: RecordedSpan) -> bytes:
     name_field = _names.get(name) or _remember(_names, name, _ld(b"\x2a", name.encode()))
     parent = span._parent_id
     state = span._trace_state
-    kind = span._kind
     attributes = span._attributes
     status = span._status
     code = status.status_code
@@ -124,10 +110,10 @@ def _span(span: RecordedSpan) -> bytes:
             span._trace_id.to_bytes(16, "big"),
             b"\x12\x08",  # span_id = 2, 8 bytes
             span._span_id.to_bytes(8, "big"),
-            _trace_state(state) if state is not _EMPTY_STATE and state else b"",
+            _ld(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()) if state else b"",
             b"\x22\x08" + parent.to_bytes(8, "big") if parent is not None else b"",  # = 4
             name_field,
-            _INTERNAL_FIELD if kind is _INTERNAL else _KIND[kind],
+            _KIND[span._kind],
             b"\x39",  # start_time_unix_nano = 7
             _fixed64(span._start),
             b"\x41",  # end_time_unix_nano = 8
