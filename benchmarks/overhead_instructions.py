@@ -69,9 +69,9 @@ every run (``benchmarks/tail_sampling.py`` runs at real speed, with them).
 
 ``--layouts K``: every variant is counted in K memory layouts (its environment padded to
 K lengths, ``_layout_pad``), and the figures are their means. Where objects land decides
-which collide in CPython's caches, so one process's figure carries a steady offset of its
-own (the same code counted up to 13 k a request apart in two layouts): a difference of a
-few k between two revisions, or two variants, in one layout can be that offset alone.
+which collide in CPython's caches, so one process's figure carries an offset of its own
+(the same code counted up to 13 k a request apart in two layouts): a difference of a few
+k between two revisions, or two variants, in one layout can be that offset alone.
 With K > 1 each variant's share of bare is printed per layout, and the tail sampler's
 points over metrics only.
 
@@ -282,8 +282,8 @@ def _layout_pad(layout: int) -> str:
     Why: where objects land in memory decides which of them collide in CPython's caches
     (the type attribute cache is indexed by addresses), and a collision repeated on every
     request costs the same every time. So a process's figure carries an offset of its
-    own, steady from run to run and unrelated to the code: the same metrics-only code
-    counted 8 k and 13 k a request apart with this value 1,000 and 2,777 bytes longer.
+    own, unrelated to the code: the same metrics-only code counted 8 k and 13 k a request
+    less with this value 1,000 and 2,777 bytes longer (in one process without sockets).
     The environment is copied to the heap at start-up, so its size moves everything
     allocated after it; counting each variant in several layouts (``--layouts``) shows
     that spread, and their mean is a figure of the code."""
