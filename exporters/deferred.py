@@ -250,9 +250,10 @@ class RecordedSpan(trace.Span):
             return
         if pending.owner is self:
             pending.owner = None
-            # A local root nobody decided for (a trace begun outside the middleware): an
-            # error keeps it, as the middleware's first rule would.
-            pending.settle(self._status.status_code is StatusCode.ERROR)
+            if pending.kept is None:
+                # A local root nobody decided for (a trace begun outside the middleware):
+                # an error keeps it, as the middleware's first rule would.
+                pending.settle(self._status.status_code is StatusCode.ERROR)
         pending.add(self)
 
     # -- read by the exporters (worker thread, after end) ---------------------------------

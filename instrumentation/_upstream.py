@@ -131,21 +131,20 @@ class _UpstreamCall(EventReader):
         elif state is not None and (pending := state.pending) is not None and pending.kept is None:
             # The tail sampler, undecided: the span as data (see DeferredSpan), its
             # attributes read from the payload and the answer only if the trace is kept.
-            span = deferred_span(
+            # What only the built span needs is kept on the call for its completion
+            # (a bound method, not a closure: nothing is made per call beyond it).
+            self._operation, self._request = operation, request
+            self._response_headers: httpx.Headers | None = None
+            self._ending: _Ending | None = None
+            self.span = deferred_span(
                 telemetry.tracer,
                 f"{operation} {self.model}",
                 current_context(),
                 pending,
                 {},
                 SpanKind.CLIENT,
+                complete=self._built,
             )
-            # What only the built span needs is kept on the call for its completions
-            # (bound methods, not closures: nothing is made per call beyond them).
-            self._operation, self._request = operation, request
-            self._response_headers: httpx.Headers | None = None
-            self._ending: _Ending | None = None
-            span.when_built(self._built)
-            self.span = span
             later = True
         else:
             self.span = telemetry.tracer.start_span(

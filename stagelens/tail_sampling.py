@@ -325,6 +325,7 @@ class DeferredSpan(trace.Span):
         attributes: dict[str, Any],
         kind: SpanKind = SpanKind.INTERNAL,
         start_time: int | None = None,
+        complete: Callable[[trace.Span], None] | None = None,
     ) -> None:
         self.tracer = tracer
         self.kind = kind
@@ -339,7 +340,11 @@ class DeferredSpan(trace.Span):
         self.end_time: int | None = None
         self.span_id = 0
         """0 until drawn (``get_span_context``)."""
-        self._calls: list[tuple[str, tuple[Any, ...]]] | None = None
+        self._calls: list[tuple[str, tuple[Any, ...]]] | None = (
+            None if complete is None else [(COMPLETE, (complete,))]
+        )
+        """Calls to replay on the span built from it (``calls``); ``complete`` given at
+        its start is its first ``when_built`` function."""
         self._context: SpanContext | None = None
 
     def deferred(self) -> DeferredSpan:
@@ -435,11 +440,14 @@ def deferred_span(
     pending: PendingTrace,
     attributes: dict[str, Any],
     kind: SpanKind = SpanKind.INTERNAL,
+    complete: Callable[[trace.Span], None] | None = None,
 ) -> DeferredSpan:
-    """A ``DeferredSpan`` beginning now in ``ctx``, under the stage open there."""
+    """A ``DeferredSpan`` beginning now in ``ctx``, under the stage open there;
+    ``complete``: its first ``when_built`` function (given here, the span is made with
+    it rather than told it by a second call)."""
     anchor = anchor_in(ctx)
     parent = parent_under(anchor, _OPEN.get())
-    return DeferredSpan(tracer, name, anchor, parent, pending, attributes, kind)
+    return DeferredSpan(tracer, name, anchor, parent, pending, attributes, kind, None, complete)
 
 
 enter_stage: Final[Callable[[OpenStage], contextvars.Token[OpenStage | None]]] = _OPEN.set
