@@ -75,7 +75,8 @@ sampled ``traceparent``, so that every variant that keeps traces keeps it in bot
 runs only).
 
 ``--layouts K``: every variant is counted in K memory layouts (its environment padded to
-K lengths, ``_layout_pad``), and the figures are their means. Where objects land decides
+K lengths, ``_layout_pad``, and stagelens imported from a folder of a path length of each
+layout's own, ``_layout_trees``), and the figures are their means. Where objects land decides
 which collide in CPython's caches, so one process's figure carries an offset of its own
 (the same code counted up to 13 k a request apart in two layouts): a difference of a few
 k between two revisions, or two variants, in one layout can be that offset alone.
@@ -115,6 +116,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import compileall
 import os
 import re
 import shutil
@@ -123,6 +125,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
@@ -161,11 +164,18 @@ it at real speed, as ``OTEL_BSP_SCHEDULE_DELAY`` is scaled for the export timer.
 
 
 def _count(
-    work: Path, variant: str, requests: int, upstream: int, sink: int, layout: int = 0
+    work: Path,
+    variant: str,
+    requests: int,
+    upstream: int,
+    sink: int,
+    layout: int = 0,
+    trees: Mapping[str, str] | None = None,
 ) -> int:
     """Instructions of one proxy process that served ``requests`` requests, start to exit.
     ``variant@TREE``: the variant on the stagelens code exported to ``TREE``. ``layout``:
-    which memory layout the process gets (``_layout_pad``)."""
+    which memory layout the process gets (``_layout_pad``); ``trees``: where that layout
+    imports each tree from (``_layout_trees``; ``""``: this checkout's code)."""
     port = free_port()
     variant, _, tree = variant.partition("@")
     variant, _, plain = variant.partition("~")
@@ -194,6 +204,8 @@ def _count(
         env["OTEL_TRACES_SAMPLER_ARG"] = "0"
     if plain:
         env["STAGELENS_PLAIN"] = plain.replace("+", ",")  # read by stagelens._plain
+    if trees is not None:
+        tree = trees.get(tree, tree)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))
     valgrind = (
@@ -309,11 +321,55 @@ def _layout_pad(layout: int) -> str:
     return "x" * (layout * 1531)
 
 
+_REPO: Final = Path(__file__).resolve().parent.parent
+_PACKAGE_PARTS: Final = ("instrumentation", "exporters", "dashboards")
+"""Folders of the checkout that setuptools installs inside the ``stagelens`` package."""
+
+
+def _layout_trees(root: Path, layout: int, against: str | None) -> dict[str, str]:
+    """Where layout ``layout``'s processes import stagelens from: this checkout's code
+    (under ``""``) and ``against``'s exported tree (under its path), each copied into a
+    folder whose path has a length of the layout's own, the same for both.
+
+    Why: the folder a package is imported from moves where objects land as the
+    environment does (``_layout_pad``). The same code imported from two folders whose
+    paths differ by 40 characters counted 8 k instructions a request apart (in one process
+    without sockets); with one folder per revision for every layout, a revision's offset
+    was the same in all of them (``310b8df``'s tail sampler came out 0.29 to 0.55 point
+    under the same code with two small cuts, in each of three layouts). Compiled here,
+    before any count: a process that compiled what another found compiled would carry
+    that work in its count."""
+    base = root / f"layout-{layout}" / ("p" * (1 + 11 * layout))
+    trees = {"": str(_copy_package(_REPO, base / "own"))}
+    if against is not None:
+        trees[against] = str(shutil.copytree(against, base / "ref"))
+    for tree in trees.values():
+        compileall.compile_dir(tree, quiet=1)
+    return trees
+
+
+def _copy_package(checkout: Path, into: Path) -> Path:
+    """This checkout's stagelens package, as installed (``_PACKAGE_PARTS`` inside it),
+    copied under ``into``: the folder to put on ``PYTHONPATH``."""
+    skip = shutil.ignore_patterns("__pycache__")
+    package = into / "stagelens"
+    shutil.copytree(checkout / "stagelens", package, ignore=skip)
+    for folder in _PACKAGE_PARTS:
+        shutil.copytree(checkout / folder, package / folder, ignore=skip)
+    return into
+
+
 def _per_request(
-    work: Path, variants: list[str], runs: tuple[int, int], up: int, sink: int, layout: int = 0
+    work: Path,
+    variants: list[str],
+    runs: tuple[int, int],
+    up: int,
+    sink: int,
+    layout: int = 0,
+    trees: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """Instructions per request of each variant: two runs, ``runs`` requests each, one
-    valgrind per core, both in memory layout ``layout`` (``_layout_pad``).
+    valgrind per core, both in memory layout ``layout`` (``_layout_pad``, ``trees``).
 
     A plain twin (``variant~NAME``) runs the larger count only: its start-up is its base
     variant's (the same modules imported; the switch only picks, once, which of two
@@ -328,7 +384,7 @@ def _per_request(
         counts = dict(
             zip(
                 jobs,
-                pool.map(lambda j: _count(work, j[0], j[1], up, sink, layout), jobs),
+                pool.map(lambda j: _count(work, j[0], j[1], up, sink, layout, trees), jobs),
                 strict=True,
             )
         )
@@ -488,12 +544,22 @@ def main() -> None:
         variants += [f"{v}~{n}" for n in args.plain.split(",") if n for v in bases]
     sink_port = free_port()
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
+    tree: Path | None = None
     if args.against:
         tree = _export_revision(args.against, root / "against")
         at_ref = {v for v in args.against_variants.split(",") if v}
         if not at_ref <= set(_CHECKED):
             raise SystemExit(f"--against-variants: only {', '.join(_CHECKED)} run on REF")
         variants += [f"{v}@{tree}" for v in variants if v in at_ref]
+    # With several layouts each has its own folders to import stagelens from.
+    layouts = (
+        [
+            _layout_trees(root, k, str(tree) if tree is not None else None)
+            for k in range(args.layouts)
+        ]
+        if args.layouts > 1
+        else []
+    )
     servers = []
     results: dict[int, dict[str, float]] = {}
     started = time.monotonic()
@@ -512,7 +578,15 @@ def main() -> None:
             wait_up(f"http://127.0.0.1:{up_port}/", timeout=300)
             runs = (args.small, args.large) if i == 0 else (args.long_small, args.long_large)
             per_layout = [
-                _per_request(work_n, variants, runs, up_port, sink_port, layout)
+                _per_request(
+                    work_n,
+                    variants,
+                    runs,
+                    up_port,
+                    sink_port,
+                    layout,
+                    layouts[layout] if layouts else None,
+                )
                 for layout in range(args.layouts)
             ]
             results[n] = {v: statistics.fmean(f[v] for f in per_layout) for v in variants}
