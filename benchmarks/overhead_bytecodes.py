@@ -1,0 +1,201 @@
+"""Bytecodes the request path runs per request, per function, for each variant, in one run.
+
+Why beside ``overhead_instructions.py``: instruction counts are steady for one process,
+but each process carries an offset of its own from where its objects land in memory
+(``--layouts`` there): the same code counted up to 13 k instructions a request apart,
+which is more than most single changes save. The bytecodes a request runs do not depend
+on memory at all: the same code and requests give the same count in every process, and
+the count is kept per function, so a difference between two variants (or two revisions)
+names where it is. They are a map, not a price: an instruction count weighs what each
+bytecode and each C call does; a few thousand instructions are a few hundred bytecodes.
+
+Each variant runs in its own process: the bench proxy of ``overhead.py`` (its app called
+directly, no server and no sockets), its upstream answering through
+``httpx.ASGITransport``, the garbage collector off. After a warm-up, ``--requests`` fine
+requests are traced with ``sys.settrace`` counting opcodes on the event loop's thread
+(the export worker's encoding is not counted: with no exporter set nothing is exported,
+so a kept trace's spans are built and queued only). ``--sampled`` sends every request
+with a sampled ``traceparent`` (every trace kept at its start, under any sampler that
+follows its parent); ``--end-kept`` makes every request slow for the tail sampler
+(``STAGELENS_TAIL_SLOW_SECONDS``), so its trace is kept at the end.
+
+    .venv/bin/python benchmarks/overhead_bytecodes.py [--variants metrics,tail]
+        [--requests 50] [--top 40] [--sampled] [--end-kept]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from overhead import BODY, write_programs
+
+_SAMPLERS = {"metrics": "always_off", "tail": "stagelens_tail", "stagelens": "always_on"}
+_SITE = "site-packages/"
+
+
+def _child(variant: str, requests: int, out: Path, work: Path) -> None:
+    """In the variant's own process: drive the proxy app, count, write ``out``."""
+    os.environ.update(
+        BENCH_VARIANT=variant,
+        BENCH_UPSTREAM="http://upstream",
+        BENCH_NO_GC="1",
+        BENCH_NO_EXEMPLAR_KEEPS="1",  # as overhead_instructions.py, with its refresh
+        STAGELENS_TAIL_EXEMPLAR_REFRESH_SECONDS="1e9",
+        STAGELENS_GPU_COLLECTOR="0",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_TRACES_SAMPLER=_SAMPLERS.get(variant, "always_on"),
+        OTEL_SERVICE_NAME="bench-proxy",
+        PYTHONHASHSEED="0",
+    )
+    if variant == "tail":
+        os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0"  # fine requests: kept only as asked
+    sys.path.insert(0, str(work))
+    import bench_proxy  # type: ignore[import-not-found]
+    import bench_upstream  # type: ignore[import-not-found]
+    import httpx
+
+    upstream = httpx.ASGITransport(bench_upstream.app)
+    transport = bench_proxy.client._transport
+    if hasattr(transport, "wrapped"):  # stagelens' transport: what it wraps
+        transport.wrapped = upstream
+    else:
+        bench_proxy.client._transport = upstream
+    body = json.dumps(BODY).encode()
+    sampled = bool(os.environ.get("BENCH_BYTECODES_SAMPLED"))
+
+    async def one(seq: int) -> None:
+        headers = [
+            (b"host", b"proxy"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        if sampled:
+            headers.append((b"traceparent", b"00-%032x-%016x-01" % (seq + 1, seq + 1)))
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": "/v1/chat/completions",
+            "raw_path": b"/v1/chat/completions",
+            "query_string": b"",
+            "root_path": "",
+            "headers": headers,
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8000),
+        }
+        sent: list[dict[str, Any]] = []
+        received = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal received
+            if not received:
+                received = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.sleep(3600)  # the client stays
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await bench_proxy.app(scope, receive, send)
+        if sent[0]["status"] != 200:
+            raise SystemExit(f"{variant}: the proxy answered {sent[0]['status']}")
+
+    counts: Counter[tuple[str, str, int]] = Counter()
+
+    def trace(frame: FrameType, event: str, arg: object) -> Any:
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        if event == "opcode":
+            code = frame.f_code
+            counts[(code.co_filename, code.co_name, code.co_firstlineno)] += 1
+        return trace
+
+    async def drive() -> None:
+        for seq in range(5):  # warm-up: imports, first-use caches, bound series
+            await one(seq)
+        sys.settrace(trace)
+        try:
+            for seq in range(requests):
+                await one(1000 + seq)
+        finally:
+            sys.settrace(None)
+
+    asyncio.run(drive())
+    rows = [[_short(f), name, line, n / requests] for (f, name, line), n in counts.items()]
+    out.write_text(json.dumps(rows))
+
+
+def _short(filename: str) -> str:
+    """A code object's file, from its package on (site-packages or this checkout)."""
+    if _SITE in filename:
+        return filename.rsplit(_SITE, 1)[1]
+    repo = str(Path(__file__).resolve().parent.parent) + os.sep
+    return filename.removeprefix(repo)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--variants", default="metrics,tail")
+    parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--top", type=int, default=40, help="functions listed per variant")
+    parser.add_argument("--sampled", action="store_true", help="every request sampled")
+    parser.add_argument("--end-kept", action="store_true", help="tail: every trace kept")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        variant, work, out = args.child
+        _child(variant, args.requests, Path(out), Path(work))
+        return
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or args.requests < 1:
+        raise SystemExit("--variants names at least one variant; --requests at least 1")
+    env = dict(os.environ)
+    if args.sampled:
+        env["BENCH_BYTECODES_SAMPLED"] = "1"
+    if args.end_kept:
+        env["STAGELENS_TAIL_SLOW_SECONDS"] = "1e-9"
+    with tempfile.TemporaryDirectory(prefix="stagelens-bytecodes-") as tmp:
+        work = write_programs(Path(tmp))
+        per: dict[str, dict[tuple[str, str, int], float]] = {}
+        for variant in variants:
+            out = Path(tmp) / f"{variant}.json"
+            cmd = [sys.executable, __file__, "--requests", str(args.requests)]
+            subprocess.run(
+                [*cmd, "--child", variant, str(work), str(out)],
+                check=True,
+                env=env,
+                stderr=subprocess.DEVNULL,  # the GPU collector's notice, and the like
+            )
+            rows = json.loads(out.read_text())
+            per[variant] = {(f, name, line): n for f, name, line, n in rows}
+    base = variants[0]
+    print(f"bytecodes per request ({args.requests} requests)")
+    for variant in variants:
+        print(f"  {variant:12s} {sum(per[variant].values()):10.1f}")
+    for variant in variants[1:]:
+        diff = {
+            key: per[variant].get(key, 0.0) - per[base].get(key, 0.0)
+            for key in per[base].keys() | per[variant].keys()
+        }
+        total = sum(diff.values())
+        print(f"\n{variant} - {base}: {total:+.1f} bytecodes per request, by function")
+        for (f, name, line), d in sorted(diff.items(), key=lambda kv: -abs(kv[1]))[: args.top]:
+            if d:
+                print(f"  {d:+8.1f}  {f}:{line} {name}")
+
+
+if __name__ == "__main__":
+    main()
