@@ -60,6 +60,7 @@ from stagelens import _compat, semconv
 from stagelens.tail_sampling import (
     COMPLETE,
     DeferredSpan,
+    HeldSpan,
     PendingTrace,
     StageRecord,
     TailSampler,
@@ -521,23 +522,26 @@ class DeferredTracerProvider(trace.TracerProvider):
         return tracer
 
     # -- hot path -----------------------------------------------------------------------
-    def _release(self, span: RecordedSpan | DeferredSpan | StageRecord) -> None:
+    def _release(self, span: RecordedSpan | DeferredSpan | StageRecord | HeldSpan) -> None:
         """A span of a kept trace (tail sampler), to the queue: one recorded as data
-        (``DeferredSpan``) is built into a span first. Building runs where the trace is
-        decided or the span ends (the middleware, a stage's exit): a failure there (its
-        ``when_built`` functions included) drops that span only, counted as a failed
-        export and logged once, and never reaches the request."""
+        (a stage's tuple, a ``DeferredSpan``, a ``HeldSpan``) is built into a span first.
+        Building runs where the trace is decided or the span ends (the middleware, a
+        stage's exit): a failure there (its ``when_built`` functions included) drops that
+        span only, counted as a failed export and logged once, and never reaches the
+        request."""
         try:
             # A stage's record is told first: a failed isinstance against the Span ABC
             # (which a tuple fails) is a Python call; one of the exact type is not.
             if isinstance(span, tuple):
-                span = _built_stage(span)
+                built = _built_stage(span)
             elif not isinstance(span, RecordedSpan):
-                span = _built(span)
+                built = _built(span.as_deferred())  # a DeferredSpan is its own
+            else:
+                built = span
         except Exception as exc:  # by type only: a message may quote content
             self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
             return
-        self._enqueue(span)
+        self._enqueue(built)
 
     def _enqueue(self, span: RecordedSpan) -> None:
         queue = self._queue

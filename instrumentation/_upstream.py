@@ -27,7 +27,14 @@ from typing import Any, Final
 
 import httpx
 from opentelemetry import propagate, trace
-from opentelemetry.trace import INVALID_SPAN, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    SpanKind,
+    Status,
+    StatusCode,
+)
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import (
@@ -45,7 +52,15 @@ from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.stages import Stage
-from stagelens.tail_sampling import DeferredSpan, deferred_span
+from stagelens.tail_sampling import (
+    DeferredSpan,
+    PendingTrace,
+    anchor_in,
+    context_in,
+    new_id,
+    open_stage,
+    parent_under,
+)
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
@@ -56,6 +71,20 @@ _INFERENCE: Final = Stage.INFERENCE.value
 _Ending = tuple[BaseException | None, Usage | None, str | bool | None, list[tuple[str, float]], int]
 """How a call of an undecided trace ended, for its span if kept: (error, usage, estimated,
 engine phases, end in ``time_ns``)."""
+
+
+class _Later(NonRecordingSpan):
+    """The span of a call of an undecided trace that nothing asked for yet (``LATER``):
+    recorded (the call holds what the span needs), but not made."""
+
+    def is_recording(self) -> bool:
+        return True
+
+
+LATER: Final[trace.Span] = _Later(INVALID_SPAN_CONTEXT)
+"""``_UpstreamCall.span`` of a call of an undecided trace whose span nothing asked for yet:
+the call holds what its span needs, and makes it only when asked (``_recorded``: never
+through ``span`` itself) or when the trace is kept (``as_deferred``)."""
 
 
 class Mode(enum.Enum):
@@ -85,19 +114,25 @@ class _UpstreamCall(EventReader):
 
     __slots__ = (
         "_buffer",
+        "_ctx",
         "_dimensions",
         "_embeddings",
+        "_end_ns",
         "_ending",
         "_engine",
         "_engine_ns",
         "_headers_seen",
         "_operation",
+        "_parent",
         "_payload",
         "_request",
         "_response_headers",
         "_response_model",
+        "_span_id",
+        "_start_ns",
         "_status",
         "_t0",
+        "_trace",
         "mode",
         "model",
         "on_chunk",
@@ -129,29 +164,35 @@ class _UpstreamCall(EventReader):
             # context is the one propagated, and nothing is built.
             self.span: trace.Span = state.root_span
         elif state is not None and (pending := state.pending) is not None and pending.kept is None:
-            # The tail sampler, undecided: the span as data (see DeferredSpan), its
-            # attributes read from the payload and the answer only if the trace is kept.
-            # What only the built span needs is kept on the call for its completion
-            # (a bound method, not a closure: nothing is made per call beyond it).
+            # The tail sampler, undecided: no span yet (LATER). The call holds what its
+            # span needs (a DeferredSpan, made only when something asks for it or the
+            # trace is kept); its attributes are read from the payload and the answer
+            # only then. Its id is drawn now, for the traceparent.
             self._operation, self._request = operation, request
             self._response_headers: httpx.Headers | None = None
             self._ending: _Ending | None = None
-            self.span = deferred_span(
-                telemetry.tracer,
-                f"{operation} {self.model}",
-                current_context(),
-                pending,
-                {},
-                SpanKind.CLIENT,
-                complete=self._built,
+            self._trace: PendingTrace = pending
+            self._ctx = ctx = current_context()
+            opened = open_stage()
+            # Inside an open stage, its parent is found now: the stage may be gone when
+            # the span is made. Else it is the span of its context, found then.
+            self._parent: trace.Span | None = (
+                None if opened is None else parent_under(anchor_in(ctx), opened)
             )
+            self._start_ns = time.time_ns()
+            self._span_id = new_id(64)
+            self._end_ns = 0
+            self.span = LATER
             later = True
+            propagated = self._context_span()  # the context its span will have
         else:
             self.span = telemetry.tracer.start_span(
                 f"{operation} {self.model}",
                 kind=SpanKind.CLIENT,
                 attributes=_client_attributes(self.model, stream, operation, payload, request),
             )
+        if not later:
+            propagated = self.span
         recording = self.span.is_recording()
         inference = None
         if state is not None:
@@ -180,16 +221,16 @@ class _UpstreamCall(EventReader):
         )
         if telemetry.settings.capture_message_content and recording:
             content = payload.get("messages", payload.get("prompt", payload.get("input")))
-            self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
+            self._recorded().set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
         if stream and not _openai.wants_usage(payload):
             # Ask for the usage event (billing needs it) and remove it from what the app
             # reads, which is then byte for byte what it would read without stagelens.
             self._asked_usage = _ask_for_usage(request, payload)
-        request_id = add_upstream_headers(request, self.span, recording)
+        request_id = add_upstream_headers(request, propagated, recording)
         if state is not None:
             state.request_id = request_id
         if recording and request_id is not None:
-            self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
+            self._recorded().set_attribute(sc.ATTR_REQUEST_ID, request_id)
         self._payload = payload
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
@@ -221,9 +262,12 @@ class _UpstreamCall(EventReader):
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
         span = self.span
-        if type(span) is DeferredSpan and status < 400:
-            self._response_headers = response.headers  # read only if kept (_built_response)
-        elif span.is_recording():
+        if self._span_later:  # undecided (LATER, or a DeferredSpan)
+            if status < 400:
+                self._response_headers = response.headers  # read only if kept (_built)
+                return
+            span = self._recorded()  # an error status is set on it (made now if LATER)
+        if span.is_recording():
             vllm_id = header_value(response.headers, REQUEST_ID_KEY)
             if vllm_id:
                 span.set_attribute(sc.ATTR_VLLM_REQUEST_ID, vllm_id)
@@ -265,7 +309,7 @@ class _UpstreamCall(EventReader):
             self._finish(error)
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
-            self.span.end()
+            self._recorded().end()
         # A bound method of the call held by the call is a cycle that only the garbage
         # collector frees, with everything the call holds: nothing is read after the end.
         self.on_chunk = _passed
@@ -291,8 +335,9 @@ class _UpstreamCall(EventReader):
         if self._ended:
             self.finish()
             return
-        if self.span.is_recording():
-            self.span.set_attribute(sc.ATTR_STREAM_CLOSED_EARLY, True)
+        span = self._recorded()
+        if span.is_recording():
+            span.set_attribute(sc.ATTR_STREAM_CLOSED_EARLY, True)
         self._ended = True  # cut on purpose or the client gone: no failure of the server
         state = self.state
         self.finish(ClientDisconnected() if state is not None and state.disconnected else None)
@@ -333,10 +378,14 @@ class _UpstreamCall(EventReader):
         else:  # no request around the call: recorded now, its model label bounded here
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
-        if type(span) is DeferredSpan:  # the tail sampler, undecided: only if kept
+        if self._span_later:  # undecided (LATER, or a DeferredSpan): only if kept
             end_ns = self._engine_ns or time.time_ns()
             self._ending = (error, usage, billing or counted, phases, end_ns)
-            span.end()
+            if span is LATER:
+                self._end_ns = time.time_ns()
+                self._trace.add(self)  # held as itself (HeldSpan): its span made if kept
+            else:
+                span.end()
             # The span is its trace's now. Let go of it: its completions hold this call,
             # and a call holding the span would make a cycle that only the garbage
             # collector frees (every dropped trace's records with it).
@@ -346,6 +395,54 @@ class _UpstreamCall(EventReader):
             self._set_response_attributes(span, error, usage, billing or counted)
             self._engine_spans(span, phases, self._engine_ns or time.time_ns())
         span.end()
+
+    # -- a span LATER ----------------------------------------------------------------------
+    def _context_span(self) -> trace.Span:
+        """The context the call's span will have, as a span to propagate (LATER)."""
+        return NonRecordingSpan(context_in(self._trace, self._span_id))
+
+    def _recorded(self) -> trace.Span:
+        """The call's span, made now if it was LATER (something needs it as a span: an
+        attribute, an error, a child, its end in a failure)."""
+        span = self.span
+        if span is LATER:
+            span = self.span = self._deferred(None)
+        return span
+
+    def _deferred(self, end_ns: int | None) -> DeferredSpan:
+        """The ``DeferredSpan`` of a call that was LATER, as made at its start: its id,
+        start, parent and completion; ``end_ns``: its end, once it ended."""
+        anchor = anchor_in(self._ctx)
+        span = DeferredSpan(
+            self.telemetry.tracer,
+            f"{self._operation} {self.model}",
+            anchor,
+            self._parent if self._parent is not None else anchor,
+            self._trace,
+            {},
+            SpanKind.CLIENT,
+            self._start_ns,
+            complete=self._built,
+        )
+        span.span_id = self._span_id
+        span.end_time = end_ns
+        return span
+
+    def as_deferred(self) -> DeferredSpan:
+        """``HeldSpan``: the span of a call held by its kept trace, ended."""
+        return self._deferred(self._end_ns)
+
+    @property
+    def anchor(self) -> trace.Span:
+        """``OpenStage`` (a call open as the stage of its transport, LATER): the span
+        current in the OpenTelemetry context when the call began."""
+        return anchor_in(self._ctx)
+
+    def deferred(self) -> DeferredSpan | None:
+        """``OpenStage``: the call's span, made now if it was LATER; None once the call
+        has handed it to its trace."""
+        span = self._recorded()
+        return span if type(span) is DeferredSpan else None
 
     def _built(self, built: trace.Span) -> None:
         """What the span built from the call's ``DeferredSpan`` holds besides the calls made
@@ -510,7 +607,7 @@ class _UpstreamCall(EventReader):
             for c in (choices if isinstance(choices, list) else ())
             if isinstance(c, dict)
         ]
-        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+        self._recorded().set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
 
 
 def _passed(chunk: bytes) -> bytes:

@@ -297,8 +297,10 @@ class DeferredSpan(trace.Span):
     parent would be ``anchor`` under it (``child_parent``): so spans started inside the
     stage, with stagelens' tracer or any tracer of its provider, are its children, as they
     are when the stage is a span. The upstream call's span of a pending trace is one too
-    (``kind`` CLIENT), opened as the stage of its context around the wrapped transport
-    (``instrumentation.httpx``), its response attributes left to ``when_built``."""
+    (``kind`` CLIENT) once something needs it as a span: until then the call itself holds
+    what it needs, is the stage open around the wrapped transport
+    (``instrumentation.httpx``) and is held with the trace when it ends (``HeldSpan``);
+    its response attributes are left to ``when_built``."""
 
     __slots__ = (
         "_calls",
@@ -351,6 +353,10 @@ class DeferredSpan(trace.Span):
         """Itself (``OpenStage``)."""
         return self
 
+    def as_deferred(self) -> DeferredSpan:
+        """Itself (``HeldSpan``)."""
+        return self
+
     @property
     def calls(self) -> Sequence[tuple[str, tuple[Any, ...]]]:
         """The Span API calls made on it other than attributes, in order."""
@@ -377,11 +383,7 @@ class DeferredSpan(trace.Span):
         if ctx is None:
             if not self.span_id:
                 self.span_id = new_id(64)
-            pending = self.pending
-            flags = _SAMPLED if pending.kept else _NOT_SAMPLED
-            ctx = self._context = SpanContext(
-                pending.trace_id, self.span_id, False, flags, pending.trace_state
-            )
+            ctx = self._context = context_in(self.pending, self.span_id)
         return ctx
 
     def is_recording(self) -> bool:
@@ -427,6 +429,23 @@ class DeferredSpan(trace.Span):
             return
         self.end_time = end_time if end_time is not None else _time_ns()
         self.pending.add(self)
+
+
+def context_in(pending: PendingTrace, span_id: int) -> SpanContext:
+    """The context of the span ``span_id`` of ``pending``'s trace, as it stands now:
+    sampled only once the trace is kept (what a ``traceparent`` sent upstream says)."""
+    flags = _SAMPLED if pending.kept else _NOT_SAMPLED
+    return SpanContext(pending.trace_id, span_id, False, flags, pending.trace_state)
+
+
+class HeldSpan(Protocol):
+    """A finished span of a pending trace held as something other than a span or a
+    stage's tuple (the upstream call of ``instrumentation.httpx``, whose span nothing
+    asked for): made into its ``DeferredSpan`` only if the trace is kept."""
+
+    def as_deferred(self) -> DeferredSpan:
+        """The ``DeferredSpan`` it stands for, ended."""
+        ...
 
 
 COMPLETE: Final = "when_built"
