@@ -81,7 +81,10 @@ which collide in CPython's caches, so one process's figure carries an offset of 
 (the same code counted up to 13 k a request apart in two layouts): a difference of a few
 k between two revisions, or two variants, in one layout can be that offset alone.
 With K > 1 each variant's share of bare is printed per layout, and the tail sampler's
-points over metrics only.
+points over metrics only. The same layout does not give the same figure in two runs
+either (the tail sampler's points over metrics only, one revision: 1.20 and 2.20 in one
+layout, a standard deviation of 0.41 over twenty counts): K is the number of draws the
+mean is taken over, and its noise about 0.4 / sqrt(K) point.
 
 Under valgrind the proxy's uvicorn ticks (its housekeeping timer) every 5 s, not every
 0.1 s (``overhead.serve``): each tick costs the same instructions at any speed, so at
