@@ -173,9 +173,9 @@ def _enter_call(call: _UpstreamCall) -> tuple[bool, Any] | None:
     started inside asks for its parent), and opening it as the stage of its context
     (``enter_stage``) makes it the parent of what the deferred tracer starts inside, as
     attaching it would, without an OpenTelemetry context built around it for a trace that
-    is most likely dropped. As inside any stage
-    of a pending trace, ``trace.get_current_span()`` there gives the span current when the
-    call began (docs/tail-sampling.md)."""
+    is most likely dropped. As inside any stage of a pending trace,
+    ``trace.get_current_span()`` there gives the span current when the call began
+    (docs/tail-sampling.md)."""
     span = call.span
     if type(span) is DeferredSpan:
         return True, enter_stage(span)

@@ -459,14 +459,11 @@ def deferred_span(
     pending: PendingTrace,
     attributes: dict[str, Any],
     kind: SpanKind = SpanKind.INTERNAL,
-    complete: Callable[[trace.Span], None] | None = None,
 ) -> DeferredSpan:
-    """A ``DeferredSpan`` beginning now in ``ctx``, under the stage open there;
-    ``complete``: its first ``when_built`` function (given here, the span is made with
-    it rather than told it by a second call)."""
+    """A ``DeferredSpan`` beginning now in ``ctx``, under the stage open there."""
     anchor = anchor_in(ctx)
     parent = parent_under(anchor, _OPEN.get())
-    return DeferredSpan(tracer, name, anchor, parent, pending, attributes, kind, None, complete)
+    return DeferredSpan(tracer, name, anchor, parent, pending, attributes, kind)
 
 
 enter_stage: Final[Callable[[OpenStage], contextvars.Token[OpenStage | None]]] = _OPEN.set
