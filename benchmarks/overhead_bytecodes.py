@@ -10,8 +10,9 @@ names where it is. They are a map, not a price: an instruction count weighs what
 bytecode and each C call does; a few thousand instructions are a few hundred bytecodes.
 
 Each variant runs in its own process: the bench proxy of ``overhead.py`` (its app called
-directly, no server and no sockets), its upstream answering through
-``httpx.ASGITransport``, the garbage collector off. After a warm-up, ``--requests`` fine
+directly by ``overhead_paired.one_request``, no server and no sockets), its upstream the
+in-memory one of ``overhead_paired.py`` (the events of ``overhead.py``'s), the garbage
+collector off. After a warm-up, ``--requests`` fine
 requests are traced with ``sys.settrace`` counting opcodes on the event loop's thread
 (the export worker's encoding is not counted: with no exporter set nothing is exported,
 so a kept trace's spans are built and queued only). ``--sampled`` sends every request
@@ -37,17 +38,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from overhead import BODY, write_programs
+from overhead import PROXY
+from overhead_paired import load_proxy, one_request
 
 _SAMPLERS = {"metrics": "always_off", "tail": "stagelens_tail", "stagelens": "always_on"}
 _SITE = "site-packages/"
 
 
-def _child(variant: str, requests: int, out: Path, work: Path) -> None:
+def _child(variant: str, requests: int, out: Path, proxy: Path) -> None:
     """In the variant's own process: drive the proxy app, count, write ``out``."""
     os.environ.update(
-        BENCH_VARIANT=variant,
-        BENCH_UPSTREAM="http://upstream",
+        BENCH_UPSTREAM="http://upstream.invalid",  # swapped for the in-memory one
         BENCH_NO_GC="1",
         BENCH_NO_EXEMPLAR_KEEPS="1",  # as overhead_instructions.py, with its refresh
         STAGELENS_TAIL_EXEMPLAR_REFRESH_SECONDS="1e9",
@@ -59,59 +60,12 @@ def _child(variant: str, requests: int, out: Path, work: Path) -> None:
     )
     if variant == "tail":
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0"  # fine requests: kept only as asked
-    sys.path.insert(0, str(work))
-    import bench_proxy  # type: ignore[import-not-found]
-    import bench_upstream  # type: ignore[import-not-found]
-    import httpx
-
-    upstream = httpx.ASGITransport(bench_upstream.app)
-    transport = bench_proxy.client._transport
-    if hasattr(transport, "wrapped"):  # stagelens' transport: what it wraps
-        transport.wrapped = upstream
-    else:
-        bench_proxy.client._transport = upstream
-    body = json.dumps(BODY).encode()
+    app = load_proxy(proxy, variant)
     sampled = bool(os.environ.get("BENCH_BYTECODES_SAMPLED"))
 
     async def one(seq: int) -> None:
-        headers = [
-            (b"host", b"proxy"),
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        if sampled:
-            headers.append((b"traceparent", b"00-%032x-%016x-01" % (seq + 1, seq + 1)))
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/v1/chat/completions",
-            "raw_path": b"/v1/chat/completions",
-            "query_string": b"",
-            "root_path": "",
-            "headers": headers,
-            "client": ("127.0.0.1", 5000),
-            "server": ("127.0.0.1", 8000),
-        }
-        sent: list[dict[str, Any]] = []
-        received = False
-
-        async def receive() -> dict[str, Any]:
-            nonlocal received
-            if not received:
-                received = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.sleep(3600)  # the client stays
-            raise AssertionError("unreachable")
-
-        async def send(message: dict[str, Any]) -> None:
-            sent.append(message)
-
-        await bench_proxy.app(scope, receive, send)
-        if sent[0]["status"] != 200:
-            raise SystemExit(f"{variant}: the proxy answered {sent[0]['status']}")
+        parent = b"00-%032x-%016x-01" % (seq + 1, seq + 1)
+        await one_request(app, [(b"traceparent", parent)] if sampled else ())
 
     counts: Counter[tuple[str, str, int]] = Counter()
 
@@ -156,8 +110,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        variant, work, out = args.child
-        _child(variant, args.requests, Path(out), Path(work))
+        variant, proxy, out = args.child
+        _child(variant, args.requests, Path(out), Path(proxy))
         return
     variants = [v for v in args.variants.split(",") if v]
     if not variants or args.requests < 1:
@@ -168,13 +122,14 @@ def main() -> None:
     if args.end_kept:
         env["STAGELENS_TAIL_SLOW_SECONDS"] = "1e-9"
     with tempfile.TemporaryDirectory(prefix="stagelens-bytecodes-") as tmp:
-        work = write_programs(Path(tmp))
+        proxy = Path(tmp) / "bench_proxy.py"
+        proxy.write_text(PROXY)
         per: dict[str, dict[tuple[str, str, int], float]] = {}
         for variant in variants:
             out = Path(tmp) / f"{variant}.json"
             cmd = [sys.executable, __file__, "--requests", str(args.requests)]
             subprocess.run(
-                [*cmd, "--child", variant, str(work), str(out)],
+                [*cmd, "--child", variant, str(proxy), str(out)],
                 check=True,
                 env=env,
                 stderr=subprocess.DEVNULL,  # the GPU collector's notice, and the like

@@ -25,7 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -68,8 +68,9 @@ class _Upstream(httpx.AsyncBaseTransport):
         return httpx.Response(200, headers=headers, stream=_Stream())
 
 
-def _load(path: Path, variant: str) -> Any:
-    """The proxy module for ``variant`` with its upstream swapped for the in-memory one."""
+def load_proxy(path: Path, variant: str) -> Any:
+    """The proxy app of ``path`` (``overhead.PROXY``) for ``variant``, its upstream swapped
+    for the in-memory one (also ``overhead_bytecodes.py``'s)."""
     os.environ["BENCH_VARIANT"] = variant
     spec = importlib.util.spec_from_file_location(f"bench_proxy_{variant}", path)
     if spec is None or spec.loader is None:
@@ -87,7 +88,7 @@ def _load(path: Path, variant: str) -> Any:
 BODY = json.dumps(
     {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
 )
-SCOPE = {
+SCOPE: dict[str, Any] = {
     "type": "http",
     "asgi": {"version": "3.0", "spec_version": "2.3"},
     "http_version": "1.1",
@@ -103,7 +104,9 @@ SCOPE = {
 }
 
 
-async def _one(app: Any) -> None:
+async def one_request(app: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    """One streamed chat request straight through the ASGI ``app``, ``headers`` added to
+    the scope's; SystemExit unless it answers 200."""
     body = BODY.encode()
     sent = False
     never = asyncio.Event()
@@ -120,20 +123,23 @@ async def _one(app: Any) -> None:
         if message["type"] == "http.response.start" and message["status"] != 200:
             raise SystemExit(f"proxy answered {message['status']}")
 
-    await app(dict(SCOPE), receive, send)
+    scope = dict(SCOPE)
+    if headers:
+        scope["headers"] = [*SCOPE["headers"], *headers]
+    await app(scope, receive, send)
 
 
 async def _run(apps: dict[str, Any], blocks: int, requests: int) -> dict[str, list[float]]:
     for app in apps.values():
         for _ in range(200):  # warm-up: caches, first-use imports
-            await _one(app)
+            await one_request(app)
     per_request: dict[str, list[float]] = {name: [] for name in apps}
     order = list(apps.items())
     for block in range(blocks):
         for name, app in order if block % 2 == 0 else reversed(order):
             t0 = time.thread_time()
             for _ in range(requests):
-                await _one(app)
+                await one_request(app)
             per_request[name].append((time.thread_time() - t0) / requests)
         print(f"block {block + 1}/{blocks}", end="\r", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -156,7 +162,7 @@ def main() -> None:
     os.environ["BENCH_UPSTREAM"] = "http://upstream.invalid"
     path = Path(tempfile.mkdtemp(prefix="stagelens-paired-")) / "bench_proxy.py"
     path.write_text(PROXY)
-    apps = {"bare": _load(path, "bare"), args.variant: _load(path, args.variant)}
+    apps = {"bare": load_proxy(path, "bare"), args.variant: load_proxy(path, args.variant)}
     result = asyncio.run(_run(apps, args.blocks, args.requests))
     bare, other = result["bare"], result[args.variant]
     deltas = [b - a for a, b in zip(bare, other, strict=True)]
