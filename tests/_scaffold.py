@@ -177,3 +177,19 @@ async def serve_one_stream(app: Any) -> None:
             done.set()
 
     await app(chat_scope(), receive, send)
+
+
+def relayed(upstream: Any) -> Any:
+    """A streamed upstream answer (an ``httpx.Response`` sent with ``stream=True``) relayed
+    to the client byte for byte as an event stream, the upstream closed when the relay
+    ends: the proxy endpoint of the tests' gateways."""
+    from starlette.responses import StreamingResponse
+
+    async def relay() -> Any:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        finally:
+            await upstream.aclose()
+
+    return StreamingResponse(relay(), media_type="text/event-stream")

@@ -27,7 +27,7 @@ from starlette.responses import StreamingResponse
 import stagelens
 from stagelens import Stage, stage
 from stagelens.tail_sampling import TailSampler
-from tests._scaffold import serve_one_stream
+from tests._scaffold import relayed, serve_one_stream
 
 _USAGE = {"prompt_tokens": 12, "completion_tokens": 4, "total_tokens": 16}
 _METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
@@ -77,14 +77,7 @@ def _proxy(sampler: Any) -> tuple[FastAPI, Any]:
         request_up = client.build_request("POST", "/v1/chat/completions", json=body)
         upstream = await client.send(request_up, stream=True)
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(upstream)
 
     stagelens.instrument_app(app, telemetry=telemetry)
     return app, telemetry

@@ -6,7 +6,6 @@ completions. Each fails on the code before issue 15."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -14,12 +13,12 @@ import pytest
 from fastapi import FastAPI
 from opentelemetry.trace import StatusCode
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from stagelens import current_request, instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
-from tests._scaffold import event
+from tests._scaffold import event, relayed
 
 pytestmark = pytest.mark.anyio
 
@@ -50,14 +49,7 @@ def _proxy(cap: TelemetryCapture, url: str, *, calls: int = 1) -> FastAPI:
             client.build_request("POST", "/v1/chat/completions", json=body), stream=True
         )
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")  # 200, whatever came
+        return relayed(upstream)  # 200, whatever came
 
     @app.get("/v1/usage")
     async def usage() -> dict[str, int]:

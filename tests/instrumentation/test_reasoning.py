@@ -27,6 +27,7 @@ from starlette.routing import Route
 from stagelens import instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import relayed
 
 pytestmark = pytest.mark.anyio
 
@@ -105,14 +106,7 @@ def _relay(cap: TelemetryCapture, url: str) -> FastAPI:
             client.build_request("POST", "/v1/chat/completions", json=body), stream=True
         )
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(upstream)
 
     instrument_app(app, telemetry=cap.telemetry)
     return app

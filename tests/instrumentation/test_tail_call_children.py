@@ -25,7 +25,7 @@ from starlette.responses import StreamingResponse
 import stagelens
 from stagelens import Stage, stage
 from stagelens.tail_sampling import TailSampler
-from tests._scaffold import serve_one_stream
+from tests._scaffold import relayed, serve_one_stream
 
 
 class _Answer(httpx.AsyncByteStream):
@@ -67,14 +67,7 @@ def _tree(sampler: Any) -> tuple[list[tuple[str, str | None]], list[str]]:
             client.build_request("POST", "/v1/chat/completions", json=body), stream=True
         )
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(upstream)
 
     stagelens.instrument_app(app, telemetry=telemetry)
     asyncio.run(serve_one_stream(app))
