@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -139,6 +140,26 @@ def rows(entries: list[Entry]) -> list[tuple[str | int | float, ...]]:
     return [(tenant, *astuple(usage)) for tenant, usage in entries]
 
 
+def _switch_to_wal(db: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode, waiting up to ``timeout`` seconds for its lock.
+
+    The switch takes the file's exclusive lock. SQLite answers ``SQLITE_BUSY`` at once,
+    without calling the busy handler, to the connections that race for it (waiting could
+    deadlock them), so workers starting together would fail to open; this waits and tries
+    again, as the busy timeout waits for a write. Any other error is raised as it is.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            busy = error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
+
+
 class SqliteLedger:
     """The ledger in one SQLite file, shared by every process that opens it.
 
@@ -165,7 +186,7 @@ class SqliteLedger:
                 isolation_level=None,
                 check_same_thread=False,
             )
-            db.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(db, self._busy_timeout)
             db.execute("PRAGMA synchronous=FULL")
             db.execute(
                 f"CREATE TABLE IF NOT EXISTS {TABLE} (tenant TEXT PRIMARY KEY, "

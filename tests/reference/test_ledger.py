@@ -103,6 +103,36 @@ class TestSqlite:
         _write_from_processes(url, processes=4, n=150)
         assert asyncio.run(_totals(url)) == _expected(4, 150)
 
+    def test_processes_opening_a_new_file_at_once_all_open(self, tmp_path) -> None:
+        """Several workers opening one new file at once all open it.
+
+        Switching a file to WAL takes its exclusive lock, and SQLite answers "database is
+        locked" at once, without waiting out the busy timeout, to the connections that race
+        for it; the ledger waits for such a switch as it waits for a write.
+        """
+        from stagelens.reference.ledger import SqliteLedger
+
+        failures: list[BaseException] = []
+        for round_ in range(40):
+            ledgers = [SqliteLedger(tmp_path / f"r{round_}.sqlite3") for _ in range(4)]
+            start = threading.Barrier(len(ledgers))
+
+            def open_one(ledger: SqliteLedger, start: threading.Barrier = start) -> None:
+                start.wait()
+                try:
+                    ledger._open_sync()
+                except sqlite3.Error as error:
+                    failures.append(error)
+                finally:
+                    ledger._close_sync()
+
+            threads = [threading.Thread(target=open_one, args=(one,)) for one in ledgers]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        assert failures == []
+
     def test_file_is_in_wal_mode(self, tmp_path) -> None:
         """The file is in WAL mode (readers never block the writer), read by sqlite3 itself."""
         path = tmp_path / "ledger.sqlite3"
