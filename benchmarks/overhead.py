@@ -53,6 +53,7 @@ UPSTREAM = textwrap.dedent(
              "prompt_tokens_details": {"cached_tokens": 128}}
     METRICS = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
     MIX_SLOW = float(os.environ.get("BENCH_MIX_SLOW") or 0)  # see mix_of
+    PACE = float(os.environ.get("BENCH_PACE") or 0)  # seconds between events (--pace)
 
     async def chat(request):
         body = await request.json()
@@ -60,9 +61,7 @@ UPSTREAM = textwrap.dedent(
         if kind == "bench-failed":  # refused, as an overloaded engine
             return JSONResponse({"error": {"message": "overloaded", "code": 503}}, 503)
         slow = kind == "bench-slow"  # its first event late
-        async def events():
-            if slow:
-                await asyncio.sleep(MIX_SLOW)
+        def lines():
             for i in range(CHUNKS):
                 chunk = {"id": "chatcmpl-1", "model": body["model"], "choices": [
                     {"index": 0, "delta": {"content": f"tok{i} "},
@@ -73,6 +72,13 @@ UPSTREAM = textwrap.dedent(
                          "usage": USAGE, "metrics": METRICS}
                 yield f"data: {json.dumps(final)}\\n\\n"
             yield "data: [DONE]\\n\\n"
+        async def events():
+            if slow:
+                await asyncio.sleep(MIX_SLOW)
+            for i, line in enumerate(lines()):
+                if PACE and i:
+                    await asyncio.sleep(PACE)
+                yield line
         return StreamingResponse(events(), media_type="text/event-stream")
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
