@@ -20,8 +20,18 @@ with a sampled ``traceparent`` (every trace kept at its start, under any sampler
 follows its parent); ``--end-kept`` makes every request slow for the tail sampler
 (``STAGELENS_TAIL_SLOW_SECONDS``), so its trace is kept at the end.
 
+``--instructions`` counts instructions instead, under valgrind, in two runs of each
+variant's child (the warm-up alone, then ``--requests`` more; no trace hook), and prints
+each variant's instructions per request and its difference to the first. In-process, with
+one string hash layout (``PYTHONHASHSEED=0``), the count repeats to about 1 k
+instructions a request, run after run (the tail sampler over metrics only: 62.4 k and
+61.4 k in two runs); ``overhead_instructions.py``'s proxy behind real sockets moves about
+20 k from process to process unless its upstream is paced (``--pace``). So this is the figure
+to weigh a change by, before and after (``PYTHONPATH`` naming another tree's ``stagelens``
+runs that code); it has no server in it, so it is no share of the bench's bare proxy.
+
     .venv/bin/python benchmarks/overhead_bytecodes.py [--variants metrics,tail]
-        [--requests 50] [--top 40] [--sampled] [--end-kept]
+        [--requests 50] [--top 40] [--sampled] [--end-kept] [--instructions]
 """
 
 from __future__ import annotations
@@ -30,10 +40,13 @@ import argparse
 import asyncio
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -62,6 +75,7 @@ def _child(variant: str, requests: int, out: Path, proxy: Path) -> None:
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0"  # fine requests: kept only as asked
     app = load_proxy(proxy, variant)
     sampled = bool(os.environ.get("BENCH_BYTECODES_SAMPLED"))
+    tracing = not os.environ.get("BENCH_BYTECODES_UNTRACED")  # --instructions: valgrind counts
 
     async def one(seq: int) -> None:
         parent = b"00-%032x-%016x-01" % (seq + 1, seq + 1)
@@ -80,7 +94,8 @@ def _child(variant: str, requests: int, out: Path, proxy: Path) -> None:
     async def drive() -> None:
         for seq in range(5):  # warm-up: imports, first-use caches, bound series
             await one(seq)
-        sys.settrace(trace)
+        if tracing:
+            sys.settrace(trace)
         try:
             for seq in range(requests):
                 await one(1000 + seq)
@@ -88,7 +103,7 @@ def _child(variant: str, requests: int, out: Path, proxy: Path) -> None:
             sys.settrace(None)
 
     asyncio.run(drive())
-    rows = [[_short(f), name, line, n / requests] for (f, name, line), n in counts.items()]
+    rows = [[_short(f), name, line, n / max(requests, 1)] for (f, name, line), n in counts.items()]
     out.write_text(json.dumps(rows))
 
 
@@ -100,6 +115,49 @@ def _short(filename: str) -> str:
     return filename.removeprefix(repo)
 
 
+_IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def _instructions(variants: list[str], requests: int, proxy: Path, env: dict[str, str]) -> None:
+    """``--instructions``: each variant's instructions per request, as valgrind counts
+    them in two runs of its child (the warm-up alone, then with ``requests`` more), and
+    each one's difference to the first variant's."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    untraced = {**env, "BENCH_BYTECODES_UNTRACED": "1"}
+    valgrind = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--cachegrind-out-file=/dev/null",
+    ]
+
+    def count(variant: str, n: int) -> int:
+        cmd = [*valgrind, sys.executable, __file__, "--requests", str(n)]
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            done = subprocess.run(
+                [*cmd, "--child", variant, str(proxy), out.name],
+                env=untraced,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        found = _IREFS.search(done.stderr)
+        if found is None:
+            raise SystemExit(f"no instruction count from valgrind for {variant}")
+        return int(found.group(1).replace(",", ""))
+
+    jobs = [(v, n) for v in variants for n in (0, requests)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: count(*job), jobs), strict=True))
+    per = {v: (counts[(v, requests)] - counts[(v, 0)]) / requests for v in variants}
+    print(f"instructions per request ({requests} requests, valgrind)")
+    base = variants[0]
+    for variant in variants:
+        diff = f"  {per[variant] - per[base]:+10.0f} vs {base}" if variant != base else ""
+        print(f"  {variant:12s} {per[variant]:12.0f}{diff}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="metrics,tail")
@@ -107,6 +165,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="functions listed per variant")
     parser.add_argument("--sampled", action="store_true", help="every request sampled")
     parser.add_argument("--end-kept", action="store_true", help="tail: every trace kept")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per request under valgrind instead (no trace hook)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -116,7 +179,7 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if not variants or args.requests < 1:
         raise SystemExit("--variants names at least one variant; --requests at least 1")
-    env = dict(os.environ)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}  # one string hash layout in every child
     if args.sampled:
         env["BENCH_BYTECODES_SAMPLED"] = "1"
     if args.end_kept:
@@ -124,6 +187,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="stagelens-bytecodes-") as tmp:
         proxy = Path(tmp) / "bench_proxy.py"
         proxy.write_text(PROXY)
+        if args.instructions:
+            _instructions(variants, args.requests, proxy, env)
+            return
         per: dict[str, dict[tuple[str, str, int], float]] = {}
         for variant in variants:
             out = Path(tmp) / f"{variant}.json"

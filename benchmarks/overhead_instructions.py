@@ -129,6 +129,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import compileall
 import os
 import re
@@ -566,6 +567,9 @@ def main() -> None:
         variants += [f"{v}~{n}" for n in args.plain.split(",") if n for v in bases]
     sink_port = free_port()
     root = Path(tempfile.mkdtemp(prefix="stagelens-instr-"))
+    # The programs, and each layout's copy of the package (tens of MB at --layouts 10),
+    # removed however the run ends.
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     tree: Path | None = None
     if args.against:
         tree = _export_revision(args.against, root / "against")
