@@ -543,6 +543,8 @@ def main() -> None:
         "valgrind'd proxy reads each event on its own, as it does at real speed",
     )
     args = parser.parse_args()
+    if args.pace is not None and args.pace < 0:
+        raise SystemExit("--pace takes seconds, 0 or more")
     if args.pace:
         os.environ["BENCH_PACE"] = str(args.pace)  # read by the upstream (serve passes it)
     if args.mix:

@@ -18,7 +18,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from stagelens.reference.ledger import GroupCommit, TenantUsage
+from stagelens.reference.ledger import GroupCommit, SqliteLedger, TenantUsage
 from stagelens.reference.ledger_url import default_url, open_ledger, resolve_url
 
 from stagelens.errors import ConfigurationError
@@ -110,8 +110,6 @@ class TestSqlite:
         locked" at once, without waiting out the busy timeout, to the connections that race
         for it; the ledger waits for such a switch as it waits for a write.
         """
-        from stagelens.reference.ledger import SqliteLedger
-
         failures: list[BaseException] = []
         for round_ in range(40):
             ledgers = [SqliteLedger(tmp_path / f"r{round_}.sqlite3") for _ in range(4)]
