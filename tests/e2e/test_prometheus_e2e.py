@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +32,7 @@ import pytest
 from fastapi import FastAPI, Request
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 import stagelens
 from stagelens import semconv as sc
@@ -41,7 +41,7 @@ from stagelens.slo.alert_rules import dump_yaml, render_alerts
 from stagelens.slo.config import BurnWindow, SloConfig
 from stagelens.slo.recording_rules import render_rules
 from tests._promstack import PROMETHEUS, PromStack, WebhookSink, prom_stack
-from tests._scaffold import Served, free_port
+from tests._scaffold import Served, free_port, relayed
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = ROOT / "dashboards"
@@ -128,14 +128,7 @@ class Gateway(Served):
                 return JSONResponse(payload, status_code=answer.status_code)
             answer = await client.send(upstream, stream=True)
 
-            async def relay() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in answer.aiter_raw():
-                        yield chunk
-                finally:
-                    await answer.aclose()
-
-            return StreamingResponse(relay(), media_type="text/event-stream")
+            return relayed(answer)
 
         def tenant_of(scope: Any) -> str:
             headers = dict(scope.get("headers", []))

@@ -42,7 +42,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from stagelens import instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
-from tests._scaffold import Served
+from tests._scaffold import Served, relayed
 
 pytestmark = pytest.mark.vllm
 openai = pytest.importorskip("openai")
@@ -77,14 +77,7 @@ def relay_app(capture: TelemetryCapture, upstream_url: str) -> FastAPI:
             await upstream.aclose()
             return Response(raw, status_code=upstream.status_code, media_type="application/json")
 
-        async def relay() -> Any:
-            try:
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(upstream)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from stagelens import Stage, instrument_app, instrument_httpx_client, stage
 from stagelens.testing import TelemetryCapture, capture_telemetry
-from tests._scaffold import Served, scripted_upstream
+from tests._scaffold import Served, relayed, scripted_upstream
 
 ENGINE_METRICS = {
     "time_to_first_token_ms": 12.0,
@@ -148,14 +148,7 @@ def build_proxy(
             return JSONResponse(payload, status_code=answer.status_code)
         answer = await client.send(upstream_request, stream=True)
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.aiter_raw():
-                    yield chunk
-            finally:
-                await answer.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(answer)
 
     instrument_app(app, telemetry=capture.telemetry, **middleware_options)
     return app, client

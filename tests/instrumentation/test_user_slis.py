@@ -30,6 +30,7 @@ from starlette.routing import Route
 from stagelens import instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
+from tests._scaffold import relayed
 
 pytestmark = pytest.mark.anyio
 
@@ -119,14 +120,7 @@ def _relay(cap: TelemetryCapture, upstream: str) -> FastAPI:
             client.build_request("POST", "/v1/chat/completions", json=body), stream=True
         )
 
-        async def relay() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in answer.aiter_raw():
-                    yield chunk
-            finally:
-                await answer.aclose()
-
-        return StreamingResponse(relay(), media_type="text/event-stream")
+        return relayed(answer)
 
     instrument_app(app, telemetry=cap.telemetry, metrics_path="/metrics")
     return app
