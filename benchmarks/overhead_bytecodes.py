@@ -40,7 +40,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from types import FrameType
 from typing import Any
 
 from overhead import PROXY
+from overhead_instructions import VALGRIND, counted
 from overhead_paired import load_proxy, one_request
 
 _SAMPLERS = {"metrics": "always_off", "tail": "stagelens_tail", "stagelens": "always_on"}
@@ -115,9 +115,6 @@ def _short(filename: str) -> str:
     return filename.removeprefix(repo)
 
 
-_IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
-
-
 def _instructions(variants: list[str], requests: int, proxy: Path, env: dict[str, str]) -> None:
     """``--instructions``: each variant's instructions per request, as valgrind counts
     them in two runs of its child (the warm-up alone, then with ``requests`` more), and
@@ -125,15 +122,9 @@ def _instructions(variants: list[str], requests: int, proxy: Path, env: dict[str
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     untraced = {**env, "BENCH_BYTECODES_UNTRACED": "1"}
-    valgrind = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--cachegrind-out-file=/dev/null",
-    ]
 
     def count(variant: str, n: int) -> int:
-        cmd = [*valgrind, sys.executable, __file__, "--requests", str(n)]
+        cmd = [*VALGRIND, sys.executable, __file__, "--requests", str(n)]
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             done = subprocess.run(
                 [*cmd, "--child", variant, str(proxy), out.name],
@@ -142,10 +133,7 @@ def _instructions(variants: list[str], requests: int, proxy: Path, env: dict[str
                 text=True,
                 check=True,
             )
-        found = _IREFS.search(done.stderr)
-        if found is None:
-            raise SystemExit(f"no instruction count from valgrind for {variant}")
-        return int(found.group(1).replace(",", ""))
+        return counted(done.stderr, variant)
 
     jobs = [(v, n) for v in variants for n in (0, requests)]
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -165,6 +165,14 @@ says otherwise (``tail`` is not among them: older code falls back to the SDK's d
 sampler)."""
 _CHECKED = (*_INSTRUMENTED, "tail")
 """Variants whose ``/metrics`` must show the full work: checked after their scrape."""
+VALGRIND: Final = (
+    "valgrind",
+    "--tool=cachegrind",
+    "--cache-sim=no",
+    "--cachegrind-out-file=/dev/null",
+)
+"""The command prefix that counts a process's instructions (user space), reported on its
+stderr at exit (``counted``); also ``overhead_bytecodes.py --instructions``'s."""
 _IREFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 _WARM_UP: Final = 1_000_000
 """The number of each run's warm-up request (its trace id, outside the counted ones')."""
@@ -222,14 +230,8 @@ def _count(
         tree = trees.get(tree, tree)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (tree, os.environ.get("PYTHONPATH"))))
-    valgrind = (
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--cachegrind-out-file=/dev/null",
-    )
     proc = serve(
-        work, "bench_proxy", port, env, prefix=valgrind, stderr=subprocess.PIPE, tick=_TICK
+        work, "bench_proxy", port, env, prefix=VALGRIND, stderr=subprocess.PIPE, tick=_TICK
     )
     try:
         wait_up(f"http://127.0.0.1:{port}/docs", timeout=1800)  # valgrind on a busy host
@@ -260,10 +262,15 @@ def _count(
     finally:
         proc.terminate()  # uvicorn shuts down cleanly: the lifespan flush runs, valgrind reports
         _, raw = proc.communicate(timeout=300)
-    err = raw.decode(errors="replace")
-    found = _IREFS.search(err)
+    return counted(raw.decode(errors="replace"), variant)
+
+
+def counted(stderr: str, what: str) -> int:
+    """The instructions ``VALGRIND`` reported on a process's ``stderr``; SystemExit, with
+    the end of that stderr, when it reported none (the process of ``what`` failed)."""
+    found = _IREFS.search(stderr)
     if found is None:
-        raise SystemExit(f"no instruction count from valgrind for {variant}:\n{err[-2000:]}")
+        raise SystemExit(f"no instruction count from valgrind for {what}:\n{stderr[-2000:]}")
     return int(found.group(1).replace(",", ""))
 
 
