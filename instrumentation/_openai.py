@@ -111,7 +111,9 @@ def usage_of(body: Any) -> Usage | None:
     if not isinstance(usage, dict):
         return None
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+    cached = written = None
+    if isinstance(details, dict):
+        cached, written = details.get("cached_tokens"), details.get("created_cache_tokens")
     output = usage.get("completion_tokens_details")
     reasoning = output.get("reasoning_tokens") if isinstance(output, dict) else None
     return Usage(
@@ -119,6 +121,7 @@ def usage_of(body: Any) -> Usage | None:
         output_tokens=_count(usage.get("completion_tokens")),
         cached_input_tokens=_count(cached),
         reasoning_output_tokens=_count(reasoning),
+        cache_write_input_tokens=_count(written),
     )
 
 
@@ -140,6 +143,7 @@ def add_usage(total: Usage | None, more: Usage) -> Usage:
         output_tokens=total.output_tokens + more.output_tokens,
         cached_input_tokens=total.cached_input_tokens + more.cached_input_tokens,
         reasoning_output_tokens=total.reasoning_output_tokens + more.reasoning_output_tokens,
+        cache_write_input_tokens=total.cache_write_input_tokens + more.cache_write_input_tokens,
     )
 
 

@@ -150,9 +150,12 @@ def _answer_verdict(
 
 def billing_gap(state: RequestState) -> str | None:
     """``billing`` label value when the server's usage was missing for some call of the
-    request and the app gave none itself (``record_usage``); None when it was metered."""
+    request and the app gave none itself (``record_usage``), or gave its own estimate
+    (``record_usage(estimated=True)``); None when it was metered."""
     inference = state.inference
-    if inference is None or state.usage is not None:
+    if state.usage is not None:
+        return sc.BILLING_ESTIMATED if state.usage_estimated and inference else None
+    if inference is None:
         return None
     if inference.estimated:
         return sc.BILLING_ESTIMATED

@@ -583,6 +583,9 @@ class _UpstreamCall(EventReader):
             if not self._embeddings:  # an embedding generates no output token
                 attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
                 attributes[sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = usage.cached_input_tokens
+                if usage.cache_write_input_tokens:
+                    written = usage.cache_write_input_tokens
+                    attributes[sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS] = written
             if usage.reasoning_output_tokens or self._reasoning_reported:
                 reasoning = usage.reasoning_output_tokens
                 attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning

@@ -361,14 +361,18 @@ def record_usage(
     model: str | None = None,
     tenant: str | None = None,
     reasoning_output_tokens: int | None = None,
+    cache_write_input_tokens: int = 0,
+    estimated: bool = False,
 ) -> None:
-    """Attach the request's token usage (input includes cached, output includes
-    reasoning); billing prices it.
+    """Attach the request's token usage (input includes cached and cache-written, output
+    includes reasoning); billing prices it.
 
     Explicit usage wins over what the upstream instrumentation parsed from the server's
     response; ``reasoning_output_tokens`` left out, the reasoning part of the output is the
-    one the upstream instrumentation read (at most the output given). Outside a request
-    this does nothing.
+    one the upstream instrumentation read (at most the output given). ``estimated``: the
+    counts are the app's estimate, not the server's (a stream cut before its usage): the
+    request is counted in ``stagelens_unmetered_requests_total{billing="estimated"}`` and
+    its spans say so. Outside a request this does nothing.
     """
     state = current_request()
     if state is None:
@@ -388,7 +392,9 @@ def record_usage(
         output_tokens=output,
         cached_input_tokens=max(int(cached_input_tokens), 0),
         reasoning_output_tokens=reasoning,
+        cache_write_input_tokens=max(int(cache_write_input_tokens), 0),
     )
+    state.usage_estimated = estimated
 
 
 def bill() -> float | None:
@@ -420,16 +426,21 @@ def bill() -> float | None:
             usage.cached_input_tokens,
             cost,
             usage.reasoning_output_tokens,
+            usage.cache_write_input_tokens,
         )
         state.cost_usd = cost
         if state.recording:
-            billing._set_span_attributes(
-                {
-                    sc.ATTR_COST_USD: cost,
-                    sc.ATTR_TENANT: tenant,
-                    sc.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
-                    sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
-                    sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
-                }
-            )
+            attributes: dict[str, Any] = {
+                sc.ATTR_COST_USD: cost,
+                sc.ATTR_TENANT: tenant,
+                sc.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+                sc.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+                sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
+            }
+            if usage.cache_write_input_tokens:
+                written = usage.cache_write_input_tokens
+                attributes[sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS] = written
+            if state.usage_estimated and usage is state.usage:
+                attributes[sc.ATTR_USAGE_ESTIMATED] = True
+            billing._set_span_attributes(attributes)
     return cost

@@ -118,7 +118,8 @@ class Instruments:
         self.tokens = ChildCache(
             Counter(
                 sc.TOKENS,
-                "Tokens billed; cached_input is part of input, reasoning part of output.",
+                "Tokens billed; cached_input and cache_write are parts of input, reasoning "
+                "of output.",
                 _labels(sc.TOKENS),
                 registry=r,
             )

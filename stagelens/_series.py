@@ -373,7 +373,7 @@ class ModelSeries:
 class BillingSeries:
     """The token and cost counters of one (model, tenant), bound once."""
 
-    __slots__ = ("cached_input", "cost", "input", "output", "reasoning")
+    __slots__ = ("cache_write", "cached_input", "cost", "input", "output", "reasoning")
 
     def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
         tokens = instruments.tokens
@@ -381,4 +381,5 @@ class BillingSeries:
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
         self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
         self.reasoning = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_REASONING))
+        self.cache_write = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHE_WRITE))
         self.cost = FastCounter(instruments.cost.get(model, tenant))

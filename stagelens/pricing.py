@@ -1,14 +1,17 @@
 """Token prices and the cost of a request.
 
 Why cached input has its own rate: providers bill prompt tokens served from the prefix cache
-at a discount. ``input_tokens`` *includes* the cached ones (OpenAI usage semantics), so the
-cost is ``(input - cached) * input_rate + cached * cached_rate + output * output_rate``:
-each token is billed exactly once.
+at a discount, and some bill the tokens written to the cache at a premium (Anthropic).
+``input_tokens`` *includes* both (OpenAI usage semantics), so the cost is
+``(input - cached - written) * input_rate + cached * cached_rate + written * cache_write_rate
++ output * output_rate``: each token is billed exactly once.
 
-Price table YAML (dollars per 1M tokens; ``"*"`` is the fallback for unlisted models)::
+Price table YAML (dollars per 1M tokens; ``"*"`` is the fallback for unlisted models;
+``cached_input`` and ``cache_write`` default to the ``input`` rate)::
 
     models:
       tiny:   {input: 0.50, output: 2.00, cached_input: 0.25}
+      claude: {input: 3.00, output: 15.00, cached_input: 0.30, cache_write: 3.75}
       "*":    {input: 1.00, output: 4.00, cached_input: 0.50}
 """
 
@@ -31,17 +34,26 @@ FALLBACK_MODEL: Final = "*"
 
 @dataclass(frozen=True, slots=True)
 class Price:
-    """Dollars per 1M input, output and cached-input tokens."""
+    """Dollars per 1M input, output, cached-input and cache-write tokens (``cache_write``
+    None: the input rate)."""
 
     input: float
     output: float
     cached_input: float
+    cache_write: float | None = None
 
     def __post_init__(self) -> None:
-        for field_name in ("input", "output", "cached_input"):
+        for field_name in ("input", "output", "cached_input", "cache_write"):
             value = getattr(self, field_name)
+            if field_name == "cache_write" and value is None:
+                continue
             if not isinstance(value, int | float) or value < 0:
                 raise ConfigurationError(f"price {field_name} must be a number >= 0: {value!r}")
+
+    @property
+    def cache_write_rate(self) -> float:
+        """Dollars per 1M tokens written to the prompt cache."""
+        return self.input if self.cache_write is None else self.cache_write
 
 
 DEFAULT_PRICE: Final = Price(input=1.00, output=4.00, cached_input=0.50)
@@ -51,7 +63,7 @@ DEFAULT_PRICE: Final = Price(input=1.00, output=4.00, cached_input=0.50)
 @dataclass(frozen=True, slots=True)
 class Usage:
     """Tokens of one request; ``input_tokens`` includes ``cached_input_tokens`` and
-    ``output_tokens`` includes ``reasoning_output_tokens``."""
+    ``cache_write_input_tokens``, ``output_tokens`` includes ``reasoning_output_tokens``."""
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -59,6 +71,9 @@ class Usage:
     reasoning_output_tokens: int = 0
     """Of the output, the tokens the model spent thinking: billed as output (the cost does
     not depend on them), counted apart so that a tenant's thinking share can be told."""
+    cache_write_input_tokens: int = 0
+    """Of the input, the tokens written to the prompt cache (computed, and kept for later
+    requests to read): billed at the price table's ``cache_write`` rate."""
 
     @property
     def uncached_input_tokens(self) -> int:
@@ -90,16 +105,18 @@ class PriceTable:
         for model, entry in data["models"].items():
             if not isinstance(entry, Mapping):
                 raise ConfigurationError(f"price table entry {model!r} must be a mapping")
-            unknown = set(entry) - {"input", "output", "cached_input"}
+            unknown = set(entry) - {"input", "output", "cached_input", "cache_write"}
             if unknown or "input" not in entry or "output" not in entry:
                 raise ConfigurationError(
                     f"price table entry {model!r} needs input and output "
-                    f"(and optionally cached_input); unknown keys: {sorted(unknown)}"
+                    f"(and optionally cached_input, cache_write); unknown keys: "
+                    f"{sorted(unknown)}"
                 )
             prices[str(model)] = Price(
                 input=entry["input"],
                 output=entry["output"],
                 cached_input=entry.get("cached_input", entry["input"]),
+                cache_write=entry.get("cache_write"),
             )
         return cls(prices)
 
@@ -121,10 +138,15 @@ class PriceTable:
         return self._prices.get(model) or self._prices[FALLBACK_MODEL]
 
     def cost(self, model: str, usage: Usage) -> float:
-        """Dollars for ``usage`` of ``model``; cached input is billed once, at its own rate."""
+        """Dollars for ``usage`` of ``model``; cached and cache-written input are billed
+        once each, at their own rates (the written tokens never more than the input that
+        was not read from the cache)."""
         p = self.price(model)
+        computed = usage.uncached_input_tokens
+        written = min(usage.cache_write_input_tokens, computed)
         return (
-            usage.uncached_input_tokens * p.input
+            (computed - written) * p.input
+            + written * p.cache_write_rate
             + usage.cached_input_tokens * p.cached_input
             + usage.output_tokens * p.output
         ) / PER_TOKENS

@@ -214,6 +214,7 @@ class PrometheusSink:
             added[billing.output] += sum([b.output_tokens for b in theirs])
             added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
             added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
+            added[billing.cache_write] += sum([b.cache_write_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
 
     def _collect_each(

@@ -51,6 +51,8 @@ class BillingRecord(NamedTuple):
     cost_usd: float
     reasoning_tokens: int = 0
     """Part of ``output_tokens``: the tokens the model spent thinking."""
+    cache_write_tokens: int = 0
+    """Part of ``input_tokens``: the tokens written to the prompt cache."""
 
 
 class ExemplarRef(NamedTuple):

@@ -57,6 +57,7 @@ class RequestState:
         "tokenless",
         "upstream_usage",
         "usage",
+        "usage_estimated",
     )
 
     def __init__(self, telemetry: Telemetry, root_span: trace.Span) -> None:
@@ -73,6 +74,8 @@ class RequestState:
         self.model: str | None = None
         self.tenant: str | None = None
         self.usage: Usage | None = None
+        self.usage_estimated = False
+        """``usage`` is the app's estimate (``record_usage(estimated=True)``)."""
         self.upstream_usage: Usage | None = None
         self.billed = False
         self.billing: BillingRecord | None = None

@@ -52,7 +52,8 @@ a departed client, as uvicorn does). Such a request is recorded with ``code="499
 ``http.response.status_code`` stays what the app sent."""
 ATTR_USAGE_ESTIMATED: Final = "stagelens.usage.estimated"
 """On the inference span: True when the call's usage was estimated from what was received
-(the stream ended before the server's usage event); see ``BILLING_ESTIMATED``."""
+(the stream ended before the server's usage event); see ``BILLING_ESTIMATED``. On the
+billing span: the app billed its own estimate (``record_usage(estimated=True)``)."""
 ATTR_STREAM_CLOSED_EARLY: Final = "stagelens.upstream.closed_early"
 """On the inference span: True when the upstream stream was closed before its last event,
 either cut by the gateway (stop sequence, safety check: not an error) or because the client
@@ -216,7 +217,8 @@ sent); ``decode`` comes after the first token and is never part of it."""
 REQUESTS: Final = "stagelens_requests_total"
 """Counter {model, code}: finished requests, any outcome."""
 TOKENS: Final = "stagelens_tokens_total"
-"""Counter {model, tenant, type}: tokens billed; cached_input is part of input."""
+"""Counter {model, tenant, type}: tokens billed; cached_input and cache_write are parts of
+input, reasoning of output."""
 COST_USD: Final = "stagelens_cost_usd_total"
 """Counter {model, tenant}: cost from the price table."""
 BUDGET_USD: Final = "stagelens_budget_usd"
@@ -417,7 +419,8 @@ LABEL_CODE: Final = "code"
 LABEL_TENANT: Final = "tenant"
 """Bounded tenant: top-N configured tenants, everything else ``other``."""
 LABEL_TYPE: Final = "type"
-"""Token type: input, output, cached_input (part of input), reasoning (part of output)."""
+"""Token type: input, output, cached_input and cache_write (parts of input), reasoning (part
+of output)."""
 LABEL_PHASE: Final = "phase"
 """Engine phase: queue, prefill, decode (contract); the vLLM plugin adds ``frontend``
 (``PHASE_FRONTEND``): filter ``phase!="frontend"`` to compare engine phases alone."""
@@ -677,3 +680,21 @@ mode."""
 HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
 """Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
 ``stagelens_histogram_min_seconds``."""
+
+# The agent APIs (OpenAI Responses, Anthropic Messages): prompt-cache writes and the
+# reasoning effort asked for, as the newest GenAI conventions name them.
+# --------------------------------------------------------------------------------------
+GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS: Final = "gen_ai.usage.cache_write.input_tokens"
+"""On the inference and billing spans: the input tokens written to the prompt cache, a
+part of ``gen_ai.usage.input_tokens`` (as the cache reads are): Anthropic's
+``cache_creation_input_tokens``, the Responses API's ``input_tokens_details.cache_write_tokens``
+and chat's ``prompt_tokens_details.created_cache_tokens`` where vLLM reports them. Set only
+when the call wrote to the cache."""
+TOKEN_TYPE_CACHE_WRITE: Final = "cache_write"
+"""``type`` label value: input tokens written to the prompt cache, a part of ``input`` (as
+``cached_input``, the tokens read from it, is): priced at ``cache_write`` in the price table,
+the input rate unless set."""
+GEN_AI_REQUEST_REASONING_LEVEL: Final = "gen_ai.request.reasoning.level"
+"""On the inference span: the reasoning effort the client asked for, as it wrote it (chat's
+``reasoning_effort``, the Responses API's ``reasoning.effort``, the Messages API's
+``output_config.effort``, or ``none`` for its ``thinking`` disabled); absent when it asked none."""

@@ -342,6 +342,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_PROCESS_EXECUTABLE_NAME, "string"),
     AttributeSpec(sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS, "int", "{token}"),
     AttributeSpec(sc.ATTR_TTFAT, "double", "s"),
+    AttributeSpec(sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, "int", "{token}"),
+    AttributeSpec(sc.GEN_AI_REQUEST_REASONING_LEVEL, "string"),
 )
 """Every attribute key on spans or OpenTelemetry metrics, with its value type and unit."""
 
@@ -349,6 +351,7 @@ _USAGE: Final = (
     sc.GEN_AI_USAGE_INPUT_TOKENS,
     sc.GEN_AI_USAGE_OUTPUT_TOKENS,
     sc.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS,
 )
 
 SPANS: Final[tuple[SpanSpec, ...]] = (
@@ -384,7 +387,14 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
         f"{{{sc.ATTR_STAGE}}}",
         "INTERNAL",
         "the root span",
-        (sc.ATTR_STAGE, sc.ERROR_TYPE, sc.ATTR_COST_USD, sc.ATTR_TENANT, *_USAGE),
+        (
+            sc.ATTR_STAGE,
+            sc.ERROR_TYPE,
+            sc.ATTR_COST_USD,
+            sc.ATTR_TENANT,
+            *_USAGE,
+            sc.ATTR_USAGE_ESTIMATED,
+        ),
         _GW,
         "One stage of the request (``stage()`` blocks and the middleware's gateway and "
         "billing stages), named by the stage. The billing span carries the cost, tenant and "
@@ -401,6 +411,7 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.GEN_AI_REQUEST_MODEL,
             sc.GEN_AI_REQUEST_MAX_TOKENS,
             sc.GEN_AI_REQUEST_STREAM,
+            sc.GEN_AI_REQUEST_REASONING_LEVEL,
             sc.GEN_AI_RESPONSE_ID,
             sc.GEN_AI_RESPONSE_MODEL,
             sc.GEN_AI_RESPONSE_FINISH_REASONS,

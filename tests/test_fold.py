@@ -305,6 +305,7 @@ _RECORDS = st.builds(
         cached_input_tokens=st.integers(0, 10_000),
         cost_usd=st.floats(min_value=0.0, max_value=10.0),
         reasoning_tokens=st.integers(0, 10_000),
+        cache_write_tokens=st.integers(0, 10_000),
     ),
     upstream_ttft=st.none() | _SECONDS,
     verdicts=_VERDICTS,
@@ -385,6 +386,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
             tokens.labels(r.model, b.tenant, "output").inc(b.output_tokens)
             tokens.labels(r.model, b.tenant, "cached_input").inc(b.cached_input_tokens)
             tokens.labels(r.model, b.tenant, "reasoning").inc(b.reasoning_tokens)
+            tokens.labels(r.model, b.tenant, "cache_write").inc(b.cache_write_tokens)
             cost.labels(r.model, b.tenant).inc(b.cost_usd)
     return registry
 

@@ -265,6 +265,45 @@ class TestMetrics:
         assert cap.value(semconv.COST_USD, model="tiny", tenant="other") == pytest.approx(expected)
 
 
+    async def test_an_estimate_the_app_bills_is_marked_so(self, cap, client_factory) -> None:
+        """``record_usage(estimated=True)``: billed as given (cache writes at their own
+        type), counted as an estimated request, and the billing span says so."""
+        import httpx
+        from fastapi import FastAPI
+
+        from stagelens import instrument_app, instrument_httpx_client, record_usage
+
+        async def upstream(request: httpx.Request) -> httpx.Response:
+            return httpx.Response(200, json={"choices": [], "usage": None})
+
+        client = httpx.AsyncClient(transport=httpx.MockTransport(upstream))
+        instrument_httpx_client(client, telemetry=cap.telemetry)
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat() -> dict[str, Any]:
+            await client.post("http://vllm/v1/chat/completions", json={"model": "tiny"})
+            record_usage(
+                input_tokens=40,
+                output_tokens=7,
+                cached_input_tokens=16,
+                cache_write_input_tokens=8,
+                estimated=True,
+            )
+            return {}
+
+        instrument_app(app, telemetry=cap.telemetry)
+        async with client_factory(app) as http:
+            await http.post("/v1/chat/completions", json={})
+        tokens = semconv.TOKENS
+        assert cap.value(tokens, model="tiny", tenant="other", type="cache_write") == 8.0
+        assert cap.value(tokens, model="tiny", tenant="other", type="input") == 40.0
+        assert cap.value(semconv.UNMETERED_REQUESTS, model="tiny", billing="estimated") == 1.0
+        billing = _by_name(cap)["billing"]
+        assert billing.attributes[semconv.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS] == 8
+        assert billing.attributes[semconv.ATTR_USAGE_ESTIMATED] is True
+
+
 class TestFailures:
     """Telemetry never breaks serving; app errors propagate unchanged."""
 

@@ -32,6 +32,28 @@ class TestPriceTable:
         # unknown model: fallback row; cached_input defaults to the input rate
         assert table.cost("other", usage) == pytest.approx((1000 * 1.0 + 100 * 1.0) / 1e6)
 
+    def test_cache_writes_are_billed_at_their_own_rate_once(self, tmp_path) -> None:
+        """Tokens written to the prompt cache are part of input: billed at ``cache_write``
+        (the input rate when the table does not set it), never twice, and never more of
+        them than the input not read from the cache."""
+        path = tmp_path / "prices.yaml"
+        path.write_text(
+            "models:\n  claude: {input: 3.0, output: 15.0, cached_input: 0.3, cache_write: 3.75}\n"
+            '  "*": {input: 1.0, output: 1.0}\n'
+        )
+        table = PriceTable.load(path)
+        usage = Usage(
+            input_tokens=1000,
+            output_tokens=10,
+            cached_input_tokens=600,
+            cache_write_input_tokens=300,
+        )
+        expected = (100 * 3.0 + 300 * 3.75 + 600 * 0.3 + 10 * 15.0) / 1e6
+        assert table.cost("claude", usage) == pytest.approx(expected)
+        assert table.cost("other", usage) == pytest.approx((1000 * 1.0 + 10 * 1.0) / 1e6)
+        hostile = Usage(input_tokens=10, cached_input_tokens=4, cache_write_input_tokens=50)
+        assert table.cost("claude", hostile) == pytest.approx((4 * 0.3 + 6 * 3.75) / 1e6)
+
     def test_cached_more_than_input_never_goes_negative(self) -> None:
         """A server reporting cached > input does not produce a negative cost."""
         usage = Usage(input_tokens=10, output_tokens=0, cached_input_tokens=50)
@@ -46,6 +68,7 @@ class TestPriceTable:
             "models:\n  m: {input: 1}",
             "models:\n  m: {input: -1, output: 1}",
             "models:\n  m: {input: 1, output: 1, bogus: 2}",
+            "models:\n  m: {input: 1, output: 1, cache_write: -1}",
         ],
     )
     def test_bad_tables_fail_with_a_clear_error(self, tmp_path, text) -> None:

@@ -274,6 +274,20 @@ def test_reasoning_only_events_are_told_from_answers(
     assert facts.answers is answers
 
 
+def test_cache_writes_of_the_usage() -> None:
+    """vLLM's ``prompt_tokens_details.created_cache_tokens`` (the prompt tokens its prefix
+    cache stored) is the usage's cache writes; absent or of the wrong type, 0."""
+    details = {"cached_tokens": 128, "created_cache_tokens": 1408}
+    usage = _openai.usage_of({"usage": {"prompt_tokens": 1445, "prompt_tokens_details": details}})
+    assert usage is not None
+    assert (usage.cached_input_tokens, usage.cache_write_input_tokens) == (128, 1408)
+    for written in (None, "9", -3, True):
+        details = {"created_cache_tokens": written}
+        found = _openai.usage_of({"usage": {"prompt_tokens_details": details}})
+        assert found is not None
+        assert found.cache_write_input_tokens == 0
+
+
 @pytest.mark.parametrize(
     ("usage", "reasoning", "reported"),
     [
