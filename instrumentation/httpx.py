@@ -32,13 +32,10 @@ from typing import Any
 
 import httpx
 from opentelemetry import context, trace
+from stagelens.instrumentation._call_state import LATER, ClientDisconnected
+from stagelens.instrumentation._calls import start_call
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
-from stagelens.instrumentation._upstream import (
-    LATER,
-    ClientDisconnected,
-    _UpstreamCall,
-    start_call,
-)
+from stagelens.instrumentation._upstream import _UpstreamCall
 
 from stagelens import _compat
 from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
