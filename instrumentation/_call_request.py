@@ -48,6 +48,29 @@ def client_attributes(
         return attributes
     attributes[sc.GEN_AI_REQUEST_STREAM] = stream
     max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
+    if max_tokens is None:
+        max_tokens = payload.get("max_output_tokens")  # the Responses API's name
     if isinstance(max_tokens, int):
         attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
+    level = reasoning_level(payload)
+    if level is not None:
+        attributes[sc.GEN_AI_REQUEST_REASONING_LEVEL] = level
     return attributes
+
+
+_LEVEL_MAX: Final = 32
+"""A reasoning level longer than this is no level a server knows: not recorded."""
+
+
+def reasoning_level(payload: dict[str, Any]) -> str | None:
+    """The reasoning effort a request asks for, as it wrote it: chat's ``reasoning_effort``,
+    the Responses API's ``reasoning.effort``, the Messages API's ``output_config.effort``
+    (or ``none`` for ``thinking`` of type ``disabled``); None when it asks none."""
+    level = payload.get("reasoning_effort")
+    for holder, key in (("reasoning", "effort"), ("output_config", "effort")):
+        if level is None and isinstance(found := payload.get(holder), dict):
+            level = found.get(key)
+    thinking = payload.get("thinking")
+    if level is None and isinstance(thinking, dict) and thinking.get("type") == "disabled":
+        level = "none"
+    return level if isinstance(level, str) and 0 < len(level) <= _LEVEL_MAX else None

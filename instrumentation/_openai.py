@@ -96,7 +96,7 @@ def has_output(value: Any) -> bool:
     return output_kind(value) != NO_OUTPUT
 
 
-def _count(value: Any) -> int:
+def token_count(value: Any) -> int:
     """A token count as the server wrote it; anything but a non-negative integer is 0."""
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value
@@ -117,11 +117,11 @@ def usage_of(body: Any) -> Usage | None:
     output = usage.get("completion_tokens_details")
     reasoning = output.get("reasoning_tokens") if isinstance(output, dict) else None
     return Usage(
-        input_tokens=_count(usage.get("prompt_tokens")),
-        output_tokens=_count(usage.get("completion_tokens")),
-        cached_input_tokens=_count(cached),
-        reasoning_output_tokens=_count(reasoning),
-        cache_write_input_tokens=_count(written),
+        input_tokens=token_count(usage.get("prompt_tokens")),
+        output_tokens=token_count(usage.get("completion_tokens")),
+        cached_input_tokens=token_count(cached),
+        reasoning_output_tokens=token_count(reasoning),
+        cache_write_input_tokens=token_count(written),
     )
 
 
@@ -286,11 +286,11 @@ def prompt_size(payload: dict[str, Any]) -> int:
         return len(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         return sum(len(p) for p in prompt)
-    size = sum(len(text.encode()) for text in _texts(payload.get("messages", prompt)))
+    size = sum(len(text.encode()) for text in texts_of(payload.get("messages", prompt)))
     return max(1, -(-size // 4))
 
 
-def _texts(value: Any) -> list[str]:
+def texts_of(value: Any) -> list[str]:
     """Every string in a prompt or message list (content, parts' text, names)."""
     found: list[str] = []
     stack = [value]

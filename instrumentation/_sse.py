@@ -7,7 +7,7 @@ upstream call (``_upstream.py``) decides when each runs.
 
 Framing follows the SSE specification: lines end with CRLF, LF or CR; a blank line ends an
 event; an event's data is its ``data:`` lines' values (one leading space removed) joined
-with LF; comments (``:``) and other fields carry no data.
+with LF, its type its ``event:`` field's; comments (``:``) and other fields carry no data.
 """
 
 from __future__ import annotations
@@ -61,6 +61,37 @@ def split_events(data: bytes) -> tuple[list[Event], int]:
             lines = []
         start = line_start  # blank lines before an event belong to no event
     return events, start
+
+
+NamedEvent = tuple[int, int, bytes | None, bytes | None]
+"""One complete event in a buffer, with its type: (start offset, end offset past its blank
+line, its ``event:`` field's value or None, its data or None)."""
+
+
+def named_of(block: bytes) -> tuple[bytes | None, bytes | None]:
+    """The ``event:`` field (the last one, one leading space removed) and the data of one
+    event's lines (no blank line among them), LF-separated."""
+    name = None
+    for line in block.split(b"\n"):
+        if line.startswith(b"event:"):
+            value = line[6:]
+            name = value[1:] if value[:1] == b" " else value
+        elif line == b"event":
+            name = b""
+    return name, data_of(block)
+
+
+def split_named(data: bytes) -> tuple[list[NamedEvent], int]:
+    """``split_events`` for a stream whose events name their type (the Responses and
+    Messages APIs): the same events, each with its ``event:`` field."""
+    events, end = split_events(data)
+    if not events:
+        return [], end
+    named: list[NamedEvent] = []
+    for start, stop, payload in events:
+        name, _ = named_of(b"\n".join(_LINE_END.split(data[start:stop])))
+        named.append((start, stop, name, payload))
+    return named, end
 
 
 def is_done(payload: bytes) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import replace
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 import httpx
 from opentelemetry import trace
@@ -84,6 +84,9 @@ _FINISHED: Final = Mode.FINISHED
 
 class _UpstreamCall(EventReader):
     """One instrumented upstream request: span, mode, what its answer said, timings."""
+
+    _asks_usage: ClassVar[bool] = True
+    """A stream that did not ask for its usage event is made to (chat and completions)."""
 
     __slots__ = (
         "_buffer",
@@ -195,7 +198,7 @@ class _UpstreamCall(EventReader):
         if telemetry.settings.capture_message_content and recording:
             content = payload.get("messages", payload.get("prompt", payload.get("input")))
             self._recorded().set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
-        if stream and not _openai.wants_usage(payload):
+        if stream and self._asks_usage and not _openai.wants_usage(payload):
             # Ask for the usage event (billing needs it) and remove it from what the app
             # reads, which is then byte for byte what it would read without stagelens.
             self._asked_usage = ask_for_usage(request, payload)
@@ -448,7 +451,7 @@ class _UpstreamCall(EventReader):
             if self._status < 400:
                 self._report(sc.COMPONENT_UPSTREAM_EVENT, ValueError("answer is not JSON"))
             return
-        facts = _openai.EventFacts(body)
+        facts = self._answer_facts(body)
         if self._status >= 400:
             return
         self.take(facts)
@@ -461,6 +464,10 @@ class _UpstreamCall(EventReader):
             self._dimensions = _openai.embedding_size(body)
         elif self.telemetry.settings.capture_message_content and isinstance(body, dict):
             self._capture_output(body)
+
+    def _answer_facts(self, body: Any) -> _openai.EventFacts:
+        """What a whole answer says (an agent API's call reads its own shape)."""
+        return _openai.EventFacts(body)
 
     def take(self, facts: _openai.EventFacts) -> None:
         """Apply one event's (or the answer's) facts beyond output (EventReader.take)."""

@@ -37,6 +37,10 @@ SHORTCUTS: Final = {
     "measured as one",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
     "one by one (stagelens/_series.py FastHistogram.observe_many)",
+    "agent_prefix": "an agent API's (Responses, Messages) output chunk matched by the bytes of "
+    "an earlier one up to its value (instrumentation/_api_call.py, ApiCall.read)",
+    "agent_names": "an agent API's events whose name says nothing the reader uses left "
+    "unparsed (instrumentation/_api_call.py, ApiCall._read_named)",
 }
 """Every shortcut that has a switch, by name: what it does and where."""
 
