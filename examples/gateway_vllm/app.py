@@ -4,7 +4,9 @@ Order per request (the seven stages of ``stagelens.Stage``): ``gateway`` (stagel
 middleware hooks: API key, rate limit, schema), ``load_balancer`` (backend choice),
 ``tokenizer`` (real token count, context window), ``router`` (model -> pool, admission),
 ``inference`` (the instrumented httpx call), ``postprocess`` (safety, stop sequences,
-framing), ``billing``. The request flow is in ``flow``, the relay of answers in ``relay``.
+framing), ``billing``. The request flow is in ``flow``, the relay of answers in ``relay``;
+the agent APIs (OpenAI Responses, Anthropic Messages) in ``agent_flow`` and
+``agent_relay``, each answering errors in its own shape (``api_errors``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import anyio
 import httpx
 from fastapi import FastAPI, Request
 from stagelens.instrumentation import Telemetry, default_telemetry
+from stagelens.reference.agent_flow import agent, count_tokens
+from stagelens.reference.agent_schema import CountTokensRequest, MessagesRequest, ResponsesRequest
+from stagelens.reference.api_errors import for_path, shaping
 from stagelens.reference.balancer import Backend, Balancer, HealthChecker
 from stagelens.reference.config import GatewayConfig
 from stagelens.reference.flow import (
@@ -47,6 +52,9 @@ _BODIES: dict[str, type[Any]] = {
     "/v1/chat/completions": ChatRequest,
     "/v1/completions": CompletionRequest,
     "/v1/embeddings": EmbeddingRequest,
+    "/v1/responses": ResponsesRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
 }
 """The routes whose JSON body the gateway stage validates, and their schema."""
 
@@ -144,16 +152,23 @@ class Gateway:
         output_tokens: int,
         cached: int,
         reasoning: int | None = None,
+        written: int = 0,
+        *,
+        estimated: bool = False,
     ) -> None:
         """Billing stage: usage to stagelens (cost, counters) and to the tenant's ledger,
-        returning once the ledger has committed it. A ledger that cannot be written does
-        not fail the request: the failure is counted
-        (``stagelens_telemetry_errors_total{component="ledger"}``) and logged once."""
+        returning once the ledger has committed it; ``written``: the input tokens written
+        to the prompt cache; ``estimated``: the counts are the gateway's estimate, not the
+        engine's. A ledger that cannot be written does not fail the request: the failure
+        is counted (``stagelens_telemetry_errors_total{component="ledger"}``) and logged
+        once."""
         record_usage(
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             cached_input_tokens=cached,
             reasoning_output_tokens=reasoning,
+            cache_write_input_tokens=written,
+            estimated=estimated,
         )
         cost = stagelens.bill() or 0.0
         usage = TenantUsage(1, input_tokens, output_tokens, cached, cost)
@@ -164,10 +179,10 @@ class Gateway:
                 self.telemetry.report_error(semconv.COMPONENT_LEDGER, exc)
 
 
-def _error(rejection: Rejected) -> JSONResponse:
-    return JSONResponse(
-        rejection.body(), status_code=rejection.status_code, headers=rejection.headers
-    )
+def _error(path: str, rejection: Rejected) -> JSONResponse:
+    """The rejection answered in the shape of the API ``path`` belongs to."""
+    shaped = for_path(path, rejection)
+    return JSONResponse(shaped.body(), status_code=shaped.status_code, headers=shaped.headers)
 
 
 def _serving(
@@ -244,11 +259,11 @@ def create_app(
 
     @app.exception_handler(Rejected)
     async def rejected(request: Request, exc: Rejected) -> Response:
-        return _error(exc)
+        return _error(request.url.path, exc)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return _error(_http_error(exc))
+        return _error(request.url.path, _http_error(exc))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -274,6 +289,18 @@ def create_app(
     async def embeddings(request: Request) -> Response:
         return await embed(gateway, request)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await agent(gateway, request, "responses")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Response:
+        return await agent(gateway, request, "messages")
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(request: Request) -> Response:
+        return await count_tokens(gateway, request)
+
     @app.get("/v1/usage")
     async def usage(request: Request) -> Response:
         tenant = request.scope.get(TENANT_KEY)
@@ -292,12 +319,12 @@ def create_app(
         return JSONResponse({"status": "up" if up else "down"}, status_code=200 if up else 503)
 
     auth = ApiKeyAuth(config.api_keys, public_paths=PUBLIC_PATHS)
-    stagelens.instrument_app(
+    stagelens.instrument_app(  # each hook's rejections in the shape of the request's API
         app,
         telemetry=telemetry,
-        auth_hook=auth,
-        rate_limit_hook=limiter,
-        body_hook=gateway.validate,
+        auth_hook=shaping(auth),
+        rate_limit_hook=shaping(limiter),
+        body_hook=shaping(gateway.validate),
     )
     # Added last, so outermost: the body hook's read of a body over the limit answers 413.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)

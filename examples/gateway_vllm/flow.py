@@ -167,8 +167,15 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
             req.streaming and req.stream_options and req.stream_options.include_usage
         )
         wants_token_ids = bool(req.return_token_ids)
+        wants_running = bool(
+            req.streaming and req.stream_options and req.stream_options.continuous_usage_stats
+        )
         if req.streaming:
             body["stream_options"] = {**(options or {}), "include_usage": True}
+            if _one_answer(req):
+                # vLLM then says the tokens generated so far on every event: a stream cut
+                # before the usage event is billed the engine's own count.
+                body["stream_options"]["continuous_usage_stats"] = True
             # vLLM then lists each event's token ids: a stream cut before the usage event
             # is billed the exact count received, not an estimate. Not with ``echo``: vLLM
             # then echoes the prompt's ids instead of its text.
@@ -188,7 +195,11 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
                 req,
                 tenant,
                 prompt_tokens,
-                Strip(usage=not wants_usage, token_ids=not wants_token_ids),
+                Strip(
+                    usage=not wants_usage,
+                    token_ids=not wants_token_ids,
+                    running_usage=not wants_running,
+                ),
                 chat,
                 lease,
             ),
@@ -199,6 +210,13 @@ async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Respons
     finally:
         if not handed_over:
             lease.release()
+
+
+def _one_answer(req: Any) -> bool:
+    """The request asks for one choice of one prompt: vLLM's running usage (continuous
+    usage stats) is then the request's (with more, each event's is its own choice's)."""
+    prompts = req.prompts if isinstance(req, CompletionRequest) else [None]
+    return (req.n or 1) == 1 and len(prompts) == 1
 
 
 async def _admit(
@@ -398,8 +416,16 @@ def client_status(upstream_status: int) -> int:
 
 async def upstream_error(upstream: httpx.Response) -> Response:
     """Answer an upstream error status (before any byte was streamed) with the mapped status
-    and an OpenAI-style body: a refused request (4xx) gets vLLM's own message and param;
-    a failing engine a ``server_error``. The inference stage rejected."""
+    and an OpenAI-style body (``upstream_rejection``). The inference stage rejected."""
+    rejection = await upstream_rejection(upstream)
+    return JSONResponse(rejection.body(), status_code=rejection.status_code)
+
+
+async def upstream_rejection(upstream: httpx.Response) -> Rejected:
+    """The rejection for an upstream error status, its body read and the upstream closed:
+    the mapped status; a refused request (4xx) gets vLLM's own message and param (in
+    OpenAI's error shape or Anthropic's), a failing engine a ``server_error``. The
+    inference stage rejected."""
     try:
         raw = await upstream.aread()
     finally:
@@ -417,18 +443,16 @@ async def upstream_error(upstream: httpx.Response) -> Response:
     status = client_status(upstream.status_code)
     reject(Stage.INFERENCE)
     if status < 500:
-        rejection = Rejected(
+        return Rejected(
             status,
             message,
             type="invalid_request_error",
             code="upstream_rejected",
             param=param,
         )
-    else:
-        rejection = Rejected(
-            status,
-            f"The model server answered {upstream.status_code}: {message}",
-            type="server_error",
-            code="upstream_error",
-        )
-    return JSONResponse(rejection.body(), status_code=rejection.status_code)
+    return Rejected(
+        status,
+        f"The model server answered {upstream.status_code}: {message}",
+        type="server_error",
+        code="upstream_error",
+    )

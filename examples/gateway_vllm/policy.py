@@ -23,18 +23,23 @@ SCOPE_KEY = "stagelens.reference.api_key"
 """Where the authenticated key's tenant is left in the ASGI scope for the app."""
 
 
-def _bearer(scope: Mapping[str, Any]) -> str | None:
+def _presented(scope: Mapping[str, Any]) -> str | None:
+    """The API key of ``Authorization: Bearer <key>`` (OpenAI's clients), else of
+    ``x-api-key: <key>`` (Anthropic's)."""
+    found = None
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             text = bytes(value).decode("latin-1")
             if text.lower().startswith("bearer "):
                 return str(text[7:].strip())
-    return None
+        elif name == b"x-api-key" and found is None:
+            found = bytes(value).decode("latin-1").strip()
+    return found
 
 
 class ApiKeyAuth:
-    """Checks ``Authorization: Bearer <key>`` in constant time; returns the key's tenant.
-    ``public_paths`` are served without a key (no tenant)."""
+    """Checks ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` in constant time;
+    returns the key's tenant. ``public_paths`` are served without a key (no tenant)."""
 
     def __init__(self, keys: Mapping[str, str], public_paths: tuple[str, ...] = ()) -> None:
         self._keys = [(k.encode(), tenant) for k, tenant in keys.items()]
@@ -43,11 +48,11 @@ class ApiKeyAuth:
     def __call__(self, scope: dict[str, Any]) -> str | None:
         if scope.get("path") in self._public:
             return None
-        presented = _bearer(scope)
+        presented = _presented(scope)
         if presented is None:
             raise Rejected(
                 401,
-                "Missing API key: send 'Authorization: Bearer <key>'.",
+                "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
                 type="authentication_error",
                 code="missing_api_key",
             )

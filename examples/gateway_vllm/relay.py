@@ -102,6 +102,7 @@ async def finish_json(
         int(usage.get("completion_tokens", 0)),
         int(details.get("cached_tokens") or 0),
         _reasoning_tokens(usage),
+        int(details.get("created_cache_tokens") or 0),
     )
     return JSONResponse(payload)
 
@@ -114,10 +115,12 @@ def event_bytes(data: dict[str, Any]) -> bytes:
 @dataclass(frozen=True)
 class Strip:
     """What the gateway asked vLLM for on its own account and removes from the client's
-    stream unless the client asked too: the usage event and the per-event token ids."""
+    stream unless the client asked too: the usage event, the per-event token ids and the
+    running usage on every event (continuous usage stats)."""
 
     usage: bool
     token_ids: bool
+    running_usage: bool = True
 
 
 class Counted:
@@ -177,6 +180,7 @@ class _Relay:
         self.chat = chat
         self.n = req.n or 1
         self.usage: dict[str, Any] | None = None
+        self.running: dict[str, Any] | None = None  # the latest event's usage so far
         self.pieces: list[str] = []  # every content piece the engine produced
         self.work = 0.0  # seconds spent on the events: the postprocess stage's share
         self.finished: set[int] = set()  # choices vLLM finished (finish_reason seen)
@@ -213,7 +217,10 @@ class _Relay:
 
     def _choices(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A content event post-processed per choice (None: every choice in it had ended)."""
-        if self.strip.usage:
+        running = event.get("usage")
+        if isinstance(running, dict):
+            self.running = running  # the engine's count so far (continuous usage stats)
+        if self.strip.running_usage:
             event.pop("usage", None)
         self.counted.take(event, self.strip.token_ids, 0)
         kept = []
@@ -349,11 +356,13 @@ def _add_postprocess(seconds: float) -> None:
 async def _bill_stream(
     gateway: Gateway, req: Any, tenant: str, prompt_tokens: int, state: _Relay
 ) -> None:
-    """Bill a stream: vLLM's usage; cut short before it, the token ids vLLM listed in the
-    events received (exact). An engine without ``return_token_ids`` falls back to the
-    tokenizer stage's prompt count and the generated text re-tokenized, which can differ by
-    a few tokens. Cached prompt tokens are unknown without the engine's usage and billed as
-    0 (full input price), which can only overcharge by the cache discount."""
+    """Bill a stream: vLLM's usage; cut short before it, the running usage of the last
+    event received (the engine's own count, where the gateway asked for it: one choice of
+    one prompt), else the token ids vLLM listed in the events received (exact). An engine
+    without either falls back to the tokenizer stage's prompt count and the generated text
+    re-tokenized, which can differ by a few tokens: billed as an estimate. Cached prompt
+    tokens are unknown without the engine's final usage and billed as 0 (full input
+    price), which can only overcharge by the cache discount."""
     usage = state.usage
     if usage is not None:
         details = usage.get("prompt_tokens_details") or {}
@@ -363,9 +372,16 @@ async def _bill_stream(
             int(usage.get("completion_tokens", 0)),
             int(details.get("cached_tokens") or 0),
             _reasoning_tokens(usage),
+            int(details.get("created_cache_tokens") or 0),
         )
         return
+    running = state.running
+    if running is not None:
+        prompt = int(running.get("prompt_tokens") or prompt_tokens)
+        await gateway.bill(tenant, prompt, int(running.get("completion_tokens") or 0), 0)
+        return
     counted = state.counted
+    estimated = not counted.exact
     if counted.exact:
         output = counted.output
     else:
@@ -373,7 +389,7 @@ async def _bill_stream(
         generated = "".join(state.pieces)
         output = counter.count_generated(generated) if counter and generated else 0
     prompt = counted.prompt if counted.prompt is not None else prompt_tokens
-    await gateway.bill(tenant, prompt, output, 0)
+    await gateway.bill(tenant, prompt, output, 0, estimated=estimated)
 
 
 def _reasoning_tokens(usage: dict[str, Any]) -> int | None:
