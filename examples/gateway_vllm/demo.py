@@ -331,7 +331,10 @@ def _show(
     _say(f"gateway up on {gateway}; its metrics on {metrics} (internal port)")
     slowest: str | None = None
     if not args.no_traffic:
-        _say(f"traffic run: {args.requests} requests (streamed and not, repeated prefixes)")
+        _say(
+            f"traffic run: {args.requests} requests (chat, Responses and Messages APIs, "
+            "streamed and not, repeated prefixes)"
+        )
         thinking = "tiny-think" in _served_models(served, api_key)
         asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders), thinking))
         from stagelens.views.report import fetch, render_table
@@ -476,14 +479,23 @@ async def _traffic(
         if thinking and i % 6 == 4:  # a reasoning model: it thinks, then answers (streamed)
             body |= {"model": "tiny-think", "stream": True}
             body["thinking_token_budget"] = rng.choice((8, 16, 24))
+        path = "/v1/chat/completions"
+        if i % 5 == 1:  # an agent on the OpenAI Responses API
+            path = "/v1/responses"
+            body = {"model": body["model"], "instructions": shared, "input": content,
+                    "max_output_tokens": body["max_tokens"], "stream": body["stream"]}  # fmt: skip
+        elif i % 5 == 3:  # an agent on the Anthropic Messages API
+            path = "/v1/messages"
+            body = {key: body[key] for key in ("model", "max_tokens", "stream")}
+            body |= {"system": shared, "messages": [{"role": "user", "content": content}]}
         if embeddings and i % 8 == 7:
             await client.post("/v1/embeddings", json={"model": "tiny-embed", "input": content})
         elif body["stream"]:
-            async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            async with client.stream("POST", path, json=body) as r:
                 async for _ in r.aiter_raw():
                     pass
         else:
-            await client.post("/v1/chat/completions", json=body)
+            await client.post(path, json=body)
         done += 1
         print(f"\r    {done}/{n} requests", end="", flush=True)
 
@@ -497,6 +509,7 @@ def _print_urls(
     gateway: str, metrics: str, backends: list[str], embedders: list[str], api_key: str
 ) -> None:
     print(f"  gateway     {gateway}/v1   (OpenAI API; Authorization: Bearer {api_key})")
+    print(f"              {gateway}/v1/responses, /v1/messages   (the agent APIs; x-api-key too)")
     print(f"  health      {gateway}/health   (anonymous: up or down)")
     print(f"  metrics     {metrics}   (internal port, not on the API's)")
     for url in backends:

@@ -216,3 +216,21 @@ def test_a_messages_client_leaving_is_billed_the_input_the_engine_counted(
     )
     assert _tokens(gateway, "input") - before[0] == prompt
     assert _unmetered(gateway) == before[1] + 1
+
+
+def test_the_demo_traffic_speaks_all_three_apis(gateway: RunningGateway) -> None:
+    """``stagelens demo``'s traffic run sends chat, Responses and Messages requests,
+    streamed and not; each is answered 200 and traced."""
+    import asyncio
+
+    from stagelens.reference.demo import _traffic
+
+    asyncio.run(_traffic(gateway.url, gateway.api_key, 10, embeddings=False))
+    _settle(gateway)
+    routes = {
+        (s.attributes.get(sc.HTTP_ROUTE), s.attributes.get(sc.HTTP_RESPONSE_STATUS_CODE))
+        for s in gateway.capture.spans()
+        if s.parent is None
+    }
+    for route in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        assert (route, 200) in routes, routes
