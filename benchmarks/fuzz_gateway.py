@@ -6,8 +6,8 @@ that sleeps 5 ms at a time and records how late it wakes up, from the moment the
 has started. Then sends ``--requests`` fuzzed requests, ``--concurrency`` at a time, drawn
 by the strategies of ``tests/_fuzz.py`` (hostile headers on each):
 
-- ``valid``: a body drawn from the chat or completions schema (at most 4 tokens), forwarded
-  to vLLM: any answer below 500;
+- ``valid``: a body drawn from the chat, completions, Responses, Messages or count-tokens
+  schema (at most 4 tokens), forwarded to vLLM: any answer below 500;
 - ``hostile``: such a body with one hostile change (a lone surrogate, a non-finite number,
   nesting deeper than the limit, a body over ``max_body_bytes``): its 400/413 and code;
 - ``random``: random bytes or random JSON: 400;
@@ -51,6 +51,8 @@ from tests._fuzz import (  # noqa: E402
     ROUTES,
     bodies,
     bounded,
+    error_code,
+    expected_code,
     hostile,
 )
 
@@ -185,7 +187,13 @@ Case = tuple[str, str, bytes, dict[str, Any], int | None, str | None]
 
 MIX = ["valid", "hostile", "random", "valid", "hostile"] * 3 + ["valid"] * 3 + ["random", "hostile"]
 """The kinds of case in turn (20: 9 valid, 7 hostile, 4 random)."""
-GENERATED = ("/v1/chat/completions", "/v1/completions")
+GENERATED = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 """The routes fuzzed: only the chat server runs here (one vLLM at a time on this machine)."""
 
 
@@ -209,7 +217,7 @@ def draw_cases(n: int, seed: int) -> list[Case]:
         path = data.draw(st.sampled_from(GENERATED))
         kind, model = ROUTES[path]
         headers = data.draw(HOSTILE_HEADERS)
-        drawn = bounded(data.draw(bodies(kind)), model)
+        drawn = bounded(data.draw(bodies(kind)), model, path)
         each: dict[str, Case] = {
             "valid": ("valid", path, json.dumps(drawn).encode(), headers, None, None)
         }
@@ -252,7 +260,9 @@ async def _send(url: str, cases: list[Case], concurrency: int) -> tuple[Counter[
                 unexpected.append(f"{kind} {response.status_code}: {text[:200]}")
             elif status is not None and response.status_code != status:
                 unexpected.append(f"{kind} {response.status_code} != {status}: {text[:200]}")
-            elif code is not None and json.loads(text)["error"]["code"] != code:
+            elif code is not None and error_code(path, json.loads(text)) != expected_code(
+                path, response.status_code, code
+            ):
                 unexpected.append(f"{kind} code != {code}: {text[:200]}")
 
     headers = {"authorization": f"Bearer {API_KEY}"}

@@ -14,14 +14,44 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
+from stagelens.reference.agent_schema import CountTokensRequest, MessagesRequest, ResponsesRequest
+from stagelens.reference.api_errors import MESSAGES_PATH, anthropic_type
 from stagelens.reference.schema import MAX_DEPTH, ChatRequest, CompletionRequest, EmbeddingRequest
 
 ROUTES: dict[str, tuple[type[Any], str]] = {
     "/v1/chat/completions": (ChatRequest, "tiny"),
     "/v1/completions": (CompletionRequest, "tiny"),
     "/v1/embeddings": (EmbeddingRequest, "tiny-embed"),
+    "/v1/responses": (ResponsesRequest, "tiny"),
+    "/v1/messages": (MessagesRequest, "tiny"),
+    "/v1/messages/count_tokens": (CountTokensRequest, "tiny"),
 }
 """Route -> (its request schema, the demo model it serves)."""
+
+
+def error_code(path: str, answer: Any) -> str | None:
+    """What an error answer of ``path`` names: OpenAI's ``error.code``; on the Messages
+    API's routes, Anthropic's ``error.type`` (its shape has no code)."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return None
+    return error.get("type") if path.startswith(MESSAGES_PATH) else error.get("code")
+
+
+def expected_code(path: str, status: int, code: str) -> str:
+    """``error_code`` of a refusal with ``status`` and OpenAI ``code`` on ``path``."""
+    return anthropic_type(status) if path.startswith(MESSAGES_PATH) else code
+
+
+def error_shaped(path: str, answer: Any) -> bool:
+    """The error answer is in the shape of the API ``path`` belongs to."""
+    error = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(error, dict):
+        return False
+    if path.startswith(MESSAGES_PATH):
+        return answer.get("type") == "error" and set(error) == {"type", "message"}
+    return set(error) >= {"message", "type", "code", "param"}
+
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 JSON = st.recursive(
@@ -75,9 +105,15 @@ def bodies(kind: type[Any]) -> st.SearchStrategy[dict[str, Any]]:
     return from_schema(schema, schema.get("$defs", {}))
 
 
-def bounded(body: dict[str, Any], model: str) -> dict[str, Any]:
-    """A drawn body made cheap to serve: a served model, at most 4 tokens, 2 choices."""
+def bounded(body: dict[str, Any], model: str, path: str = "") -> dict[str, Any]:
+    """A drawn body of ``path`` made cheap to serve: a served model, at most 4 tokens, 2
+    choices."""
     body = {**body, "model": model}
+    if path == "/v1/responses":
+        body["max_output_tokens"] = min(body.get("max_output_tokens") or 4, 4)
+        return body
+    if path.endswith("/count_tokens"):
+        return body
     body["max_tokens"] = min(body.get("max_tokens") or 4, 4)
     if body.get("max_completion_tokens") is not None:
         body["max_completion_tokens"] = min(body["max_completion_tokens"], 4)

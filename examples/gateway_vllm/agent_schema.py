@@ -17,44 +17,112 @@ error shape).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationError
 from stagelens.reference.schema import ChatRequest, _Open
 
 Blocks = list[dict[str, Any]]
-"""Content blocks or input items: objects the gateway reads the text of, vLLM the rest."""
+"""Content blocks or input items, as the gateway reads them (their text)."""
+
+
+class InputPart(_Open):
+    """A part of a Responses API message's content: text (counted) or media (vLLM's)."""
+
+    type: Literal["input_text", "output_text", "refusal", "input_image", "input_file"]
+    text: StrictStr | None = None
+
+
+class InputMessage(_Open):
+    """A Responses API input item that is a message."""
+
+    type: Literal["message"] | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: StrictStr | list[InputPart]
+
+
+class FunctionCallItem(_Open):
+    """A tool call the model made, given back as input."""
+
+    type: Literal["function_call"]
+    call_id: StrictStr = Field(min_length=1)
+    name: StrictStr = Field(min_length=1)
+    arguments: StrictStr
+
+
+class FunctionOutputItem(_Open):
+    """A tool call's result, given as input."""
+
+    type: Literal["function_call_output"]
+    call_id: StrictStr = Field(min_length=1)
+    output: StrictStr
+
+
+class FunctionTool(_Open):
+    """A function the model may call (the Responses API's flat form)."""
+
+    type: Literal["function"]
+    name: StrictStr = Field(min_length=1)
+    parameters: dict[str, Any] | None = None
+    description: StrictStr | None = None
 
 
 class ResponsesRequest(_Open):
     """``POST /v1/responses``."""
 
     model: StrictStr = Field(min_length=1)
-    input: StrictStr | Blocks
+    input: StrictStr | list[InputMessage | FunctionCallItem | FunctionOutputItem]
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=1)
     stream: StrictBool | None = False
-    tools: Blocks | None = None
-    temperature: float | None = Field(default=None, ge=0)
+    tools: list[FunctionTool] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
 
     @property
     def streaming(self) -> bool:
         return bool(self.stream)
 
 
+class Block(_Open):
+    """A content block of the Messages API: text, thinking, a tool call or its result
+    (media passes to vLLM)."""
+
+    type: Literal["text", "image", "tool_use", "tool_result", "thinking", "document"]
+    text: StrictStr | None = None
+    id: StrictStr | None = None
+    name: StrictStr | None = None
+    input: dict[str, Any] | None = None
+    tool_use_id: StrictStr | None = None
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+
+class TextBlock(_Open):
+    """A text block (a system prompt's)."""
+
+    type: Literal["text"]
+    text: StrictStr
+
+
 class AnthropicMessage(_Open):
     """One message of the Messages API: text, or content blocks."""
 
-    role: Literal["user", "assistant", "system"]
-    content: StrictStr | Blocks
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[Block]
+
+
+class AnthropicTool(_Open):
+    """A tool the model may call: its name and its input's JSON schema."""
+
+    name: StrictStr = Field(min_length=1)
+    input_schema: dict[str, Any]
+    description: StrictStr | None = None
 
 
 class _MessagesCommon(_Open):
     model: StrictStr = Field(min_length=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: StrictStr | Blocks | None = None
-    tools: Blocks | None = None
+    system: StrictStr | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
 
 
 class MessagesRequest(_MessagesCommon):
@@ -63,7 +131,7 @@ class MessagesRequest(_MessagesCommon):
     max_tokens: StrictInt = Field(ge=1)
     stream: StrictBool | None = False
     stop_sequences: list[StrictStr] | None = None
-    temperature: float | None = Field(default=None, ge=0)
+    temperature: float | None = Field(default=None, ge=0, le=1)
 
     @property
     def streaming(self) -> bool:
@@ -83,11 +151,13 @@ AgentRequest = ResponsesRequest | MessagesRequest
 
 
 def _text(value: Any) -> str:
-    """The text of content: a string, or its blocks' ``text`` joined by newlines."""
+    """The text of content: a string, or its parts' or blocks' text joined by newlines."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        parts = [b.get("text") for b in value if isinstance(b, dict)]
+        parts = [
+            getattr(b, "text", None) if not isinstance(b, dict) else b.get("text") for b in value
+        ]
         return "\n".join(p for p in parts if isinstance(p, str))
     return ""
 
@@ -99,18 +169,14 @@ def _responses_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
     if isinstance(req.input, str):
         return [*messages, {"role": "user", "content": req.input}]
     for item in req.input:
-        role = item.get("role")
-        if role in ("system", "developer", "user", "assistant"):
-            messages.append({"role": role, "content": _text(item.get("content"))})
-        elif item.get("type") == "function_call":
-            call: dict[str, Any] = {"id": str(item.get("call_id") or "call"), "type": "function"}
-            arguments = item.get("arguments") or "{}"
-            call["function"] = {"name": str(item.get("name")), "arguments": arguments}
+        if isinstance(item, InputMessage):
+            messages.append({"role": item.role, "content": _text(item.content)})
+        elif isinstance(item, FunctionCallItem):
+            function = {"name": item.name, "arguments": item.arguments}
+            call = {"id": item.call_id, "type": "function", "function": function}
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif item.get("type") == "function_call_output":
-            output = item.get("output")
-            content = output if isinstance(output, str) else json.dumps(output)
-            messages.append({"role": "tool", "content": content})
+        else:
+            messages.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
     return messages
 
 
@@ -123,17 +189,20 @@ def _messages_messages(req: _MessagesCommon) -> list[dict[str, Any]]:
         blocks = content if isinstance(content, list) else []
         calls = [
             {
-                "id": str(block.get("id") or "call"),
+                "id": block.id or "call",
                 "type": "function",
-                "function": {"name": str(block.get("name")), "arguments": block.get("input") or {}},
+                "function": {"name": block.name or "tool", "arguments": block.input or {}},
             }
             for block in blocks
-            if block.get("type") == "tool_use"
+            if block.type == "tool_use"
         ]
         for block in blocks:
-            if block.get("type") == "tool_result":
-                messages.append({"role": "tool", "content": _text(block.get("content"))})
-        text = content if isinstance(content, str) else _text(blocks)
+            if block.type == "tool_result":
+                result = {"role": "tool", "content": _text(block.content)}
+                messages.append(result | {"tool_call_id": block.tool_use_id or "call"})
+        text = (
+            content if isinstance(content, str) else _text([b for b in blocks if b.type == "text"])
+        )
         if text or calls:
             out: dict[str, Any] = {"role": message.role, "content": text or None}
             if calls and message.role == "assistant":
@@ -142,17 +211,16 @@ def _messages_messages(req: _MessagesCommon) -> list[dict[str, Any]]:
     return messages
 
 
-def _tools(tools: Blocks | None, schema_key: str) -> list[dict[str, Any]] | None:
+def _tools(tools: list[FunctionTool] | list[AnthropicTool] | None) -> list[dict[str, Any]] | None:
     """Function tools as chat takes them (the Responses API's ``parameters``, the
-    Messages API's ``input_schema``); hosted tools are not rendered."""
+    Messages API's ``input_schema``)."""
     found = []
     for tool in tools or []:
-        name = tool.get("name")
-        if isinstance(name, str) and name and tool.get("type") in ("function", "custom", None):
-            function = {"name": name, "parameters": tool.get(schema_key)}
-            if isinstance(tool.get("description"), str):
-                function["description"] = tool["description"]
-            found.append({"type": "function", "function": function})
+        schema = tool.parameters if isinstance(tool, FunctionTool) else tool.input_schema
+        function: dict[str, Any] = {"name": tool.name, "parameters": schema}
+        if tool.description is not None:
+            function["description"] = tool.description
+        found.append({"type": "function", "function": function})
     return found or None
 
 
@@ -160,9 +228,9 @@ def as_chat(req: ResponsesRequest | MessagesRequest | CountTokensRequest) -> Cha
     """The chat conversation the tokenizer stage counts for ``req`` (module docstring);
     None when it makes no chat request (nothing to count then)."""
     if isinstance(req, ResponsesRequest):
-        messages, tools = _responses_messages(req), _tools(req.tools, "parameters")
+        messages, tools = _responses_messages(req), _tools(req.tools)
     else:
-        messages, tools = _messages_messages(req), _tools(req.tools, "input_schema")
+        messages, tools = _messages_messages(req), _tools(req.tools)
     if not messages:
         return None
     try:

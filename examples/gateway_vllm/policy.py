@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from stagelens.reference.api_errors import for_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stagelens import Rejected
@@ -120,7 +121,8 @@ class BodyLimit:
     413 ``request_too_large`` before the gateway holds it (or parses or tokenizes it).
 
     Why it raises from ``receive``: the body is read by the gateway stage's body hook, so the
-    413 is answered and counted there, after authentication, like every other rejection.
+    413 is answered and counted there, after authentication, like every other rejection
+    (in the shape of the request's API, ``api_errors``).
     A declared ``Content-Length`` over the limit is refused before any byte is read; a
     chunked body as soon as what arrived passes the limit.
     """
@@ -136,16 +138,17 @@ class BodyLimit:
         limit = self.max_bytes
         declared = _content_length(scope)
         received = 0
+        path = str(scope.get("path", ""))
 
         async def limited() -> Message:
             nonlocal received
             if declared is not None and declared > limit:
-                raise _too_large(limit)
+                raise for_path(path, _too_large(limit))
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise _too_large(limit)
+                    raise for_path(path, _too_large(limit))
             return message
 
         await self.app(scope, limited, send)
