@@ -81,7 +81,89 @@ UPSTREAM = textwrap.dedent(
                 yield line
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+    def sse(name, body):  # as vLLM writes the agent APIs' events (compact JSON)
+        return f"event: {name}\\ndata: {json.dumps(body, separators=(',', ':'))}\\n\\n"
+
+    RESPONSE = {"id": "resp_1", "created_at": 1, "incomplete_details": None,
+                "instructions": None, "metadata": None, "model": "tiny", "object": "response",
+                "output": [], "parallel_tool_calls": True, "temperature": 1.0,
+                "tool_choice": "none", "tools": [], "top_p": 1.0, "background": False,
+                "max_output_tokens": None, "max_tool_calls": None,
+                "previous_response_id": None, "prompt": None, "reasoning": None,
+                "service_tier": "auto", "status": "in_progress", "text": None,
+                "top_logprobs": None, "truncation": "disabled", "usage": None, "user": None}
+    RESPONSES_USAGE = {"input_tokens": 300, "output_tokens": CHUNKS, "total_tokens": 300 + CHUNKS,
+                       "input_tokens_details": {"cached_tokens": 128, "cache_write_tokens": 0},
+                       "output_tokens_details": {"reasoning_tokens": 0}}
+
+    def responses_events():  # the Responses API's stream, as vLLM writes it
+        texts = [f"tok{i} " for i in range(CHUNKS)]
+        part = {"annotations": [], "text": "", "type": "output_text", "logprobs": []}
+        item = {"id": "msg_1", "content": [], "role": "assistant", "status": "in_progress",
+                "type": "message", "phase": None}
+        seq = iter(range(10_000))
+        yield sse("response.created", {"response": RESPONSE, "sequence_number": next(seq),
+                                       "type": "response.created"})
+        yield sse("response.in_progress", {"response": RESPONSE, "sequence_number": next(seq),
+                                           "type": "response.in_progress"})
+        yield sse("response.output_item.added", {"item": item, "output_index": 0,
+            "sequence_number": next(seq), "type": "response.output_item.added"})
+        yield sse("response.content_part.added", {"content_index": 0, "item_id": "msg_1",
+            "output_index": 0, "part": part, "sequence_number": next(seq),
+            "type": "response.content_part.added"})
+        for text in texts:
+            yield sse("response.output_text.delta", {"content_index": 0, "delta": text,
+                "item_id": "msg_1", "logprobs": [], "output_index": 0,
+                "sequence_number": next(seq), "type": "response.output_text.delta"})
+        whole = "".join(texts)
+        done = {**part, "text": whole, "logprobs": None}
+        yield sse("response.output_text.done", {"content_index": 0, "item_id": "msg_1",
+            "logprobs": [], "output_index": 0, "sequence_number": next(seq), "text": whole,
+            "type": "response.output_text.done"})
+        yield sse("response.content_part.done", {"content_index": 0, "item_id": "msg_1",
+            "output_index": 0, "part": done, "sequence_number": next(seq),
+            "type": "response.content_part.done"})
+        item = {**item, "content": [done], "status": "completed"}
+        yield sse("response.output_item.done", {"item": item, "output_index": 0,
+            "sequence_number": next(seq), "type": "response.output_item.done"})
+        final = {**RESPONSE, "output": [item], "status": "completed", "usage": RESPONSES_USAGE,
+                 "metrics": METRICS}
+        yield sse("response.completed", {"response": final, "sequence_number": next(seq),
+                                         "type": "response.completed"})
+
+    def messages_events():  # the Messages API's stream, as vLLM writes it
+        start = {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
+                 "model": "tiny", "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": 300, "output_tokens": 0}}
+        yield sse("message_start", {"type": "message_start", "message": start})
+        yield sse("content_block_start", {"type": "content_block_start",
+            "content_block": {"type": "text", "text": ""}, "index": 0})
+        for i in range(CHUNKS):
+            yield sse("content_block_delta", {"type": "content_block_delta",
+                "delta": {"type": "text_delta", "text": f"tok{i} "}, "index": 0})
+        yield sse("content_block_stop", {"type": "content_block_stop", "index": 0})
+        usage = {"input_tokens": 172, "output_tokens": CHUNKS,
+                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 128}
+        yield sse("message_delta", {"type": "message_delta",
+            "delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage})
+        yield sse("message_stop", {"type": "message_stop"})
+
+    def agent(lines):
+        async def endpoint(request):
+            await request.body()
+            async def events():
+                for i, line in enumerate(lines()):
+                    if PACE and i:
+                        await asyncio.sleep(PACE)
+                    yield line
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return endpoint
+
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/responses", agent(responses_events), methods=["POST"]),
+        Route("/v1/messages", agent(messages_events), methods=["POST"]),
+    ])
     """
 )
 
@@ -185,6 +267,36 @@ PROXY = textwrap.dedent(
                 await upstream.aclose()
 
         return StreamingResponse(relay(), media_type="text/event-stream")
+
+    async def agent(request: Request, path: str):
+        # The agent APIs' relay: the chat relay's stages; their streams need no usage
+        # option (they always end with their usage) and end with their final event.
+        body = await request.json()
+        with stage(Stage.TOKENIZER):
+            n = len(str(body.get("input") or body.get("messages")))
+        with stage(Stage.ROUTER):
+            pass
+        upstream = await client.send(client.build_request("POST", path, json=body), stream=True)
+        final = (b"event: response.completed", b"event: message_stop")
+
+        async def relay():
+            try:
+                async for chunk in upstream.aiter_raw():
+                    with stage(Stage.POSTPROCESS) if chunk.startswith(final) else _noop:
+                        pass
+                    yield chunk
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(relay(), media_type="text/event-stream")
+
+    @app.post("/v1/responses")
+    async def responses(request: Request):
+        return await agent(request, "/v1/responses")
+
+    @app.post("/v1/messages")
+    async def messages(request: Request):
+        return await agent(request, "/v1/messages")
 
     class _Noop:
         def __enter__(self):
@@ -320,6 +432,20 @@ def wait_up(url: str, timeout: float = 30) -> None:
 
 
 BODY = {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+APIS = {
+    "chat": ("/v1/chat/completions", BODY),
+    "responses": ("/v1/responses", {"model": "tiny", "stream": True, "input": "hi"}),
+    "messages": ("/v1/messages", {**BODY, "max_tokens": 16}),
+}
+"""What the client asks, per API (``--api``): the path and the body."""
+REQUEST = APIS["chat"]
+"""The client's (path, body): chat unless ``use_api`` picked another API."""
+
+
+def use_api(api: str) -> None:
+    """Make ``one`` ask the ``api`` (``chat``, ``responses``, ``messages``)."""
+    global REQUEST
+    REQUEST = APIS[api]
 
 
 def mix_of(seq: int) -> str | None:
@@ -343,11 +469,12 @@ async def one(client: httpx.AsyncClient, seq: int | None = None, kind: str | Non
     variant that keeps any)."""
     t0 = time.perf_counter()
     kind = kind or (mix_of(seq) if seq is not None else None)
-    body = BODY if seq is None else {**BODY, "user": f"bench-{kind}"}
+    path, body = REQUEST
+    body = body if seq is None else {**body, "user": f"bench-{kind}"}
     headers = None
     if kind == "sampled":
         headers = {"traceparent": f"00-{seq + 1:032x}-{seq + 1:016x}-01"}
-    async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as r:
+    async with client.stream("POST", path, json=body, headers=headers) as r:
         async for _ in r.aiter_raw():
             pass
         if r.status_code != 200:
@@ -398,12 +525,15 @@ def check_full_work(metrics_url: str) -> None:
         raise SystemExit(problem)
 
 
-def full_work_problem(text: str, served: int | None = None, failed: int = 0) -> str | None:
+def full_work_problem(
+    text: str, served: int | None = None, failed: int = 0, phases_per: int = 3
+) -> str | None:
     """What an instrumented proxy's ``/metrics`` text says it failed to do (None: every
     request counted, its output tokens billed and its engine phases recorded);
     ``served``: the number of requests it must have counted, ``failed`` of them refused
     by the upstream (the proxy relays the error body under its own 200: counted, with
-    nothing to bill and no engine phases)."""
+    nothing to bill and no engine phases); ``phases_per``: the engine phases each answer
+    gives (none on the Messages API: vLLM's answers there carry no timings)."""
 
     def total(prefix: str) -> float:
         return sum(
@@ -416,7 +546,7 @@ def full_work_problem(text: str, served: int | None = None, failed: int = 0) -> 
     phases = total("stagelens_engine_phase_duration_seconds_count")
     requests = total('stagelens_requests_total{code="200",model="tiny"}')  # not /docs
     answered = requests - failed
-    if not (output_tokens >= 16 * answered > 0 and phases >= 3 * answered) or (
+    if not (output_tokens >= 16 * answered > 0 and phases >= phases_per * answered) or (
         served is not None and requests != served
     ):
         return (

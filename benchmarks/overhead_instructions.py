@@ -147,6 +147,7 @@ from typing import Final
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead  # (its REQUEST: the API --api picks)
 from overhead import (
     cpu_seconds,
     free_port,
@@ -252,7 +253,10 @@ def _count(
                 scraped = await c.get("/metrics")
                 if variant in _CHECKED:  # refuse a flattering figure
                     failed = sum(mix_of(n) == "failed" for n in range(requests)) if mixed else 0
-                    problem = full_work_problem(scraped.text, served=requests + 1, failed=failed)
+                    phases = 0 if overhead.REQUEST[0] == "/v1/messages" else 3
+                    problem = full_work_problem(
+                        scraped.text, served=requests + 1, failed=failed, phases_per=phases
+                    )
                     if problem is not None:
                         raise SystemExit(f"{variant}: {problem}")
                 if variant == "tail":
@@ -543,6 +547,14 @@ def main() -> None:
         "threshold under valgrind too)",
     )
     parser.add_argument(
+        "--api",
+        choices=("chat", "responses", "messages"),
+        default="chat",
+        help="the API the client asks (the proxy relays it; the upstream streams it as "
+        "vLLM does): chat completions, the OpenAI Responses API or the Anthropic Messages "
+        "API, each with --events output deltas",
+    )
+    parser.add_argument(
         "--pace",
         metavar="SECONDS",
         type=float,
@@ -550,6 +562,7 @@ def main() -> None:
         "valgrind'd proxy reads each event on its own, as it does at real speed",
     )
     args = parser.parse_args()
+    overhead.use_api(args.api)
     if args.pace is not None and args.pace < 0:
         raise SystemExit("--pace takes seconds, 0 or more")
     if args.pace:
