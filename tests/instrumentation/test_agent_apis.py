@@ -392,3 +392,57 @@ async def test_counting_tokens_is_no_generation_call(cap) -> None:
     instrument_httpx_client(client, telemetry=cap.telemetry)
     await client.post("http://up/v1/messages/count_tokens", json={"model": "m", "messages": []})
     assert not [s for s in cap.spans() if s.name.startswith("chat ")]
+
+
+class TestThroughTheOpenaiSdk:
+    """A service that calls its upstream's Responses API through the official ``openai``
+    SDK, its ``http_client=`` an instrumented httpx client (docs/openai-sdk.md)."""
+
+    @staticmethod
+    def _sdk(chunks: list[bytes] | dict[str, Any], cap: TelemetryCapture) -> Any:
+        openai = pytest.importorskip("openai")
+
+        def answer(request: httpx.Request) -> httpx.Response:
+            if isinstance(chunks, dict):
+                body = _Body([json.dumps(chunks).encode()])
+                return httpx.Response(
+                    200, headers={"content-type": "application/json"}, stream=body
+                )
+            headers = {"content-type": "text/event-stream"}
+            return httpx.Response(200, headers=headers, stream=_Body(chunks))
+
+        http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+        instrument_httpx_client(http, telemetry=cap.telemetry)
+        return openai.AsyncOpenAI(base_url="http://up/v1", api_key="x", http_client=http)
+
+    async def test_a_streamed_response(self, cap) -> None:
+        """``responses.create(stream=True)`` through the SDK: the call's span has the
+        final response's usage and id, and the SDK read every event."""
+        sdk = self._sdk(responses_stream(), cap)
+        seen = []
+        async with await sdk.responses.create(model="gpt-x", input="hi", stream=True) as events:
+            async for event in events:
+                seen.append(event.type)
+        assert seen.count("response.output_text.delta") == 2
+        assert seen[-1] == "response.completed"
+        inference = cap.span("chat gpt-x")
+        assert inference.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 30
+        assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+        assert inference.attributes[sc.GEN_AI_RESPONSE_ID] == "resp_1"
+
+    async def test_a_whole_response(self, cap) -> None:
+        """``responses.create()`` not streamed: the answer's usage on the span."""
+        answer = {
+            "id": "resp_3",
+            "object": "response",
+            "model": "gpt-x",
+            "status": "completed",
+            "output": [],
+            "usage": {"input_tokens": 4, "output_tokens": 2},
+        }
+        sdk = self._sdk(answer, cap)
+        response = await sdk.responses.create(model="gpt-x", input="hi")
+        assert response.id == "resp_3"
+        inference = cap.span("chat gpt-x")
+        assert inference.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 4
+        assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
