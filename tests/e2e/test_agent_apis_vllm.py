@@ -327,6 +327,45 @@ def test_whole_answers_and_the_stream_helper(service) -> None:
         assert Readings(cap, _metrics(cap), answered.id).usage() == (total, usage.output_tokens)
 
 
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_whole_answers_time_their_first_byte(service, api: str) -> None:
+    """Not streamed, the first token is the whole answer's first byte sent: within 5 ms of
+    the client's first body byte (a raw httpx client's clock, from its send), the median
+    of five; tokens equal to the answer's usage."""
+    oai, _, cap = service
+    clock = SendClock()
+    path = api  # the route, under the client's /v1/
+    body = (
+        {"model": "tiny", "input": PROMPT, "max_output_tokens": 9}
+        if api == "responses"
+        else {"model": "tiny", "max_tokens": 9, "messages": [{"role": "user", "content": PROMPT}]}
+    )
+    differences = []
+    with httpx.Client(base_url=str(oai.base_url), event_hooks={"request": [clock]}) as http:
+        for _ in range(REPEATS):
+            _quiet(cap)
+            chunks: list[bytes] = []
+            first = 0.0
+            with http.stream("POST", path, json=body, timeout=120) as answer:
+                for chunk in answer.iter_raw():
+                    first = first or time.perf_counter()
+                    chunks.append(chunk)
+            time.sleep(0.05)
+            payload = json.loads(b"".join(chunks))
+            readings = Readings(cap, _metrics(cap), payload["id"])
+            usage = payload["usage"]
+            if api == "responses":
+                expected = (usage["input_tokens"], usage["output_tokens"])
+            else:
+                cached = usage.get("cache_read_input_tokens", 0)
+                written = usage.get("cache_creation_input_tokens", 0)
+                expected = (usage["input_tokens"] + cached + written, usage["output_tokens"])
+            assert readings.usage() == expected
+            differences.append(abs(readings.ttft - (first - clock.at)))
+    print(f"\nwhole-answer TTFT - client's: median {statistics.median(differences) * 1e3:.2f} ms")
+    assert statistics.median(differences) <= TTFT_BOUND, differences
+
+
 def test_the_prompt_cache_reads_and_writes(service) -> None:
     """A prompt long enough to fill prefix-cache blocks, sent twice on each API: the
     cache reads (and, on the Messages API, the writes) stagelens records equal the
