@@ -31,7 +31,7 @@ from opentelemetry.trace import Status, StatusCode
 from stagelens.instrumentation._api_facts import ApiFacts, ApiReading
 from stagelens.instrumentation._events import _TAIL_MAX
 from stagelens.instrumentation._openai import ANSWER, REASONING, EventFacts, loads
-from stagelens.instrumentation._sse import split_named
+from stagelens.instrumentation._sse import name_of, split_events, split_named
 from stagelens.instrumentation._upstream import _UpstreamCall
 
 from stagelens import semconv as sc
@@ -107,28 +107,42 @@ class ApiCall(_UpstreamCall):
         return out
 
     def _read_named(self, chunk: bytes) -> bytes:
-        """Split what was read into events and read each by its name."""
+        """Split what was read into events and read each: one of the learned prefix's
+        kind from its bytes (as ``read`` reads a chunk of one event: the same invariant,
+        for an event of a chunk of several, as a proxy slower than its upstream reads
+        them), any other by its name."""
         if self._passing:
             return chunk
         try:
-            whole = not self._partial  # the chunk starts at an event's start
             data = self._partial + chunk if self._partial else chunk
-            events, end = split_named(data)
+            events, end = split_events(data)
             self._partial = data[end:]
             if len(self._partial) > _TAIL_MAX:
                 raise ValueError("an event longer than the bound")
             skip = _NAMES and self._fast
             reads = self._api.reads
-            for start, stop, name, payload in events:
-                if payload is None or (skip and name is not None and not reads(name)):
+            for start, stop, payload in events:
+                if payload is None:
+                    continue
+                event = data[start:stop]
+                prefix = self._learned
+                if prefix is not None:
+                    rest = event.removeprefix(prefix)
+                    if rest is not event:
+                        line = rest.removesuffix(b"\n\n")
+                        if line is not rest and rest[0] != 34 and 10 not in line and 13 not in line:
+                            self._into.append(len(self._sent))
+                            self._reasoning += self._thinking
+                            continue
+                name = name_of(event)
+                if skip and name is not None and not reads(name):
                     continue
                 facts = self._parse_named(name, payload)
                 if facts is None:
                     continue
                 if facts.outputs:
                     self._outputs(facts)
-                    if whole and start == 0 and stop == len(chunk):
-                        self._learn(chunk, facts)
+                    self._learn(event, facts)
                 self.take(facts)
         except Exception as exc:  # never the app's problem: every byte passes on
             self._report(sc.COMPONENT_UPSTREAM, exc)
@@ -148,14 +162,14 @@ class ApiCall(_UpstreamCall):
             facts.outputs, facts.reasoning = [], []
         return facts
 
-    def _learn(self, chunk: bytes, facts: ApiFacts) -> None:
-        """Learn the prefix of a chunk that is one output event (in a request only: a
-        prefix marks, and outside one nothing is marked)."""
+    def _learn(self, event: bytes, facts: ApiFacts) -> None:
+        """Learn the prefix of one output event's bytes (in a request only: a prefix
+        marks, and outside one nothing is marked)."""
         marks, sends = self._marks0, self._sends
         if not (_PREFIX and self._fast and marks is not None and sends is not None):
             return
         kind = ANSWER if facts.answers else REASONING
-        prefix = self._api.prefix_of(chunk, kind) if 13 not in chunk else None
+        prefix = self._api.prefix_of(event, kind) if 13 not in event else None
         if prefix is not None:
             self._learned, self._thinking = prefix, int(kind == REASONING)
             self._into, self._sent = marks, sends

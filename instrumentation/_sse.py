@@ -81,16 +81,17 @@ def named_of(block: bytes) -> tuple[bytes | None, bytes | None]:
     return name, data_of(block)
 
 
+def name_of(event: bytes) -> bytes | None:
+    """The ``event:`` field of one complete event's bytes (any line ends), or None."""
+    name, _ = named_of(b"\n".join(_LINE_END.split(event)))
+    return name
+
+
 def split_named(data: bytes) -> tuple[list[NamedEvent], int]:
     """``split_events`` for a stream whose events name their type (the Responses and
     Messages APIs): the same events, each with its ``event:`` field."""
     events, end = split_events(data)
-    if not events:
-        return [], end
-    named: list[NamedEvent] = []
-    for start, stop, payload in events:
-        name, _ = named_of(b"\n".join(_LINE_END.split(data[start:stop])))
-        named.append((start, stop, name, payload))
+    named = [(start, stop, name_of(data[start:stop]), payload) for start, stop, payload in events]
     return named, end
 
 

@@ -158,8 +158,8 @@ def _messages_event(draw: Any, seq: int, vllm: bool) -> tuple[str, dict[str, Any
 def api_streams(draw: Any, api: str) -> list[bytes]:
     """An agent API's stream as servers write it, event by event: fields in vLLM's order
     or the API owner's, compact or spaced, the ``event:`` line written or not (then the
-    JSON's ``type`` names it), between comments, keep-alives and events that are no JSON;
-    maybe cut inside its last event."""
+    JSON's ``type`` names it), now and then an event's data on two lines, between
+    comments, keep-alives and events that are no JSON; maybe cut inside its last event."""
     vllm = draw(st.booleans())
     separators = draw(SEPARATORS)
     named = draw(st.booleans())
@@ -185,6 +185,9 @@ def api_streams(draw: Any, api: str) -> list[bytes]:
                 key = next(k for k in delta if k != "type")
                 body = {**body, "delta": {**delta, key: draw(TEXT)}}
             data = json.dumps(body, separators=separators, ensure_ascii=draw(st.booleans()))
+            if draw(st.integers(0, 7)) == 0:  # its data on two lines (SSE joins them: the
+                at = draw(st.integers(0, len(data)))  # JSON may then be broken)
+                data = f"{data[:at]}\ndata: {data[at:]}"
             line = f"event: {name}\ndata: {data}\n\n" if named else f"data: {data}\n\n"
             parts.append(line.encode())
     if parts and draw(st.booleans()):
