@@ -31,7 +31,13 @@ from opentelemetry.trace import Status, StatusCode
 from stagelens.instrumentation._api_facts import ApiFacts, ApiReading
 from stagelens.instrumentation._events import _TAIL_MAX
 from stagelens.instrumentation._openai import ANSWER, REASONING, EventFacts, loads
-from stagelens.instrumentation._sse import name_of, split_events, split_named
+from stagelens.instrumentation._sse import (
+    data_of,
+    name_fast,
+    name_of,
+    split_events,
+    split_named,
+)
 from stagelens.instrumentation._upstream import _UpstreamCall
 
 from stagelens import semconv as sc
@@ -110,44 +116,71 @@ class ApiCall(_UpstreamCall):
         """Split what was read into events and read each: one of the learned prefix's
         kind from its bytes (as ``read`` reads a chunk of one event: the same invariant,
         for an event of a chunk of several, as a proxy slower than its upstream reads
-        them), any other by its name."""
+        them), one whose name says nothing the reader uses not at all, any other parsed."""
         if self._passing:
             return chunk
+        skip = _NAMES and self._fast
+        if skip and not self._partial and type(chunk) is bytes and chunk.startswith(b"event:"):
+            # Shortcut: a chunk of one event whose name says nothing the reader uses is
+            # passed unread. Invariant: exactly one event (its name line, one data line,
+            # the blank line; no CR), so that no other name or event hides in it.
+            first = chunk.find(b"\n")
+            if (
+                chunk.startswith(b"data:", first + 1)
+                and chunk.find(b"\n", first + 1) == len(chunk) - 2
+                and chunk[-1] == 10
+                and 13 not in chunk
+                and not self._api.reads(name_fast(chunk) or b"")
+            ):
+                return chunk
         try:
-            data = self._partial + chunk if self._partial else chunk
-            events, end = split_events(data)
-            self._partial = data[end:]
+            read = chunk if type(chunk) is bytes else bytes(chunk)  # a copy to read from
+            data = self._partial + read if self._partial else read
+            if skip and 13 not in data:
+                # Shortcut: with no CR, a blank line is "\n\n" and an event's lines hold
+                # none, so splitting there finds the events split_events finds (its plain
+                # twin, property-tested through the reader's), each without its blank
+                # line; the last piece is the incomplete rest.
+                pieces = data.split(b"\n\n")
+                self._partial = pieces.pop()
+                events: list[tuple[bytes, bytes | None]] = [(p, None) for p in pieces if p]
+            else:
+                found, end = split_events(data)
+                self._partial = data[end:]
+                events = [(data[a:b].rstrip(b"\r\n"), p) for a, b, p in found if p is not None]
             if len(self._partial) > _TAIL_MAX:
                 raise ValueError("an event longer than the bound")
-            skip = _NAMES and self._fast
-            reads = self._api.reads
-            for start, stop, payload in events:
-                if payload is None:
-                    continue
-                event = data[start:stop]
-                prefix = self._learned
-                if prefix is not None:
-                    rest = event.removeprefix(prefix)
-                    if rest is not event:
-                        line = rest.removesuffix(b"\n\n")
-                        if line is not rest and rest[0] != 34 and 10 not in line and 13 not in line:
-                            self._into.append(len(self._sent))
-                            self._reasoning += self._thinking
-                            continue
-                name = name_of(event)
-                if skip and name is not None and not reads(name):
-                    continue
-                facts = self._parse_named(name, payload)
-                if facts is None:
-                    continue
-                if facts.outputs:
-                    self._outputs(facts)
-                    self._learn(event, facts)
-                self.take(facts)
+            for event, payload in events:
+                self._read_event(event, payload, skip)
         except Exception as exc:  # never the app's problem: every byte passes on
             self._report(sc.COMPONENT_UPSTREAM, exc)
             self.stop_reading()
         return chunk
+
+    def _read_event(self, event: bytes, payload: bytes | None, skip: bool) -> None:
+        """Read one complete event: ``event`` its lines without the blank line ending it,
+        ``payload`` its data (None: found here)."""
+        prefix = self._learned
+        if prefix is not None:
+            rest = event.removeprefix(prefix)
+            if rest is not event and rest and rest[0] != 34 and 10 not in rest and 13 not in rest:
+                self._into.append(len(self._sent))
+                self._reasoning += self._thinking
+                return
+        name = name_fast(event) if skip else name_of(event)
+        if skip and name is not None and not self._api.reads(name):
+            return
+        if payload is None:
+            payload = data_of(event)
+            if payload is None:
+                return
+        facts = self._parse_named(name, payload)
+        if facts is None:
+            return
+        if facts.outputs:
+            self._outputs(facts)
+            self._learn(event + b"\n\n", facts)
+        self.take(facts)
 
     def _parse_named(
         self, name: bytes | None, payload: bytes, *, outputs: bool = True

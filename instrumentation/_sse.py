@@ -87,6 +87,23 @@ def name_of(event: bytes) -> bytes | None:
     return name
 
 
+def name_fast(event: bytes) -> bytes | None:
+    """``name_of``, read from the first line alone when the event begins with its one
+    ``event:`` line and has no CR: how the agent APIs' servers write every event.
+
+    Why: the agent reader needs every event's name, and splitting an event of a kilobyte
+    into lines to find the name on its first costs more than reading that event's output.
+    Invariant: any later line starting ``event`` (a second name, which would win) sends
+    the event to ``name_of``, as does a CR (it ends lines too). Its plain twin is
+    ``name_of``; tests/instrumentation/test_sse.py holds them equal on any bytes.
+    """
+    if event.startswith(b"event:") and 13 not in event and b"\nevent" not in event:
+        first = event.find(b"\n")
+        name = event[6:first] if first >= 0 else event[6:]
+        return name[1:] if name[:1] == b" " else name
+    return name_of(event)
+
+
 def split_named(data: bytes) -> tuple[list[NamedEvent], int]:
     """``split_events`` for a stream whose events name their type (the Responses and
     Messages APIs): the same events, each with its ``event:`` field."""

@@ -159,7 +159,8 @@ def api_streams(draw: Any, api: str) -> list[bytes]:
     """An agent API's stream as servers write it, event by event: fields in vLLM's order
     or the API owner's, compact or spaced, the ``event:`` line written or not (then the
     JSON's ``type`` names it), now and then an event's data on two lines, between
-    comments, keep-alives and events that are no JSON; maybe cut inside its last event."""
+    comments, keep-alives, blank lines, CRLF events and events that are no JSON; maybe cut
+    inside its last event."""
     vllm = draw(st.booleans())
     separators = draw(SEPARATORS)
     named = draw(st.booleans())
@@ -167,12 +168,16 @@ def api_streams(draw: Any, api: str) -> list[bytes]:
     parts = []
     seq = 0
     for _ in range(draw(st.integers(0, 6))):
-        noise = draw(st.integers(0, 8))
+        noise = draw(st.integers(0, 10))
         if noise == 0:
             parts.append(b": keep-alive\n\n")
         elif noise == 1:
             parts.append(b"event: " + (b"message_delta" if api == "messages" else b"error"))
             parts.append(b"\ndata: {not json\n\n")
+        elif noise == 2:
+            parts.append(b"\n")  # a blank line more: no event
+        elif noise == 3:  # an event written with CRLF line ends
+            parts.append(b"event: ping\r\ndata: {}\r\n\r\n")
         name, body = make(draw, seq, vllm)
         # A run of events of this kind, as a server streams its deltas (the same fields
         # before the value, another value each).
@@ -385,3 +390,30 @@ def test_a_learned_prefix_decides_what_any_event_beginning_with_it_reads(
     assert facts.outputs == [0]
     assert (kind == _openai.REASONING) == bool(facts.reasoning)
     assert facts.says_only_output
+
+
+class _Chunk(bytes):
+    """A chunk of a ``bytes`` subclass (no httpx transport yields one; a custom stream may)."""
+
+
+@pytest.mark.parametrize("api", list(APIS))
+@pytest.mark.parametrize("kind", [_Chunk, bytearray])
+def test_a_chunk_of_another_type_than_bytes_is_read_by_parsing(api: str, kind: type) -> None:
+    """After an output event taught the prefix, a chunk of another type than ``bytes``
+    (alone, or holding several events) is read by parsing: ``removeprefix`` answers such a
+    type a copy even without the prefix, which would count any event as output."""
+    name, delta = (
+        ("response.output_text.delta", {"delta": "a"})
+        if api == "responses"
+        else ("content_block_delta", {"delta": {"type": "text_delta", "text": "a"}})
+    )
+    output = f"event: {name}\ndata: {json.dumps(delta, separators=(',', ':'))}\n\n".encode()
+    other = b"event: " + name.encode() + b'\ndata: {"x":1}\n\n'  # no output
+    telemetry = Telemetry(registry=CollectorRegistry())
+    state = RequestState(telemetry, telemetry.tracer.start_span("r"))
+    call = _call(telemetry, state, api)
+    for chunk in (output, kind(output), kind(other), kind(other + other)):
+        assert call.on_chunk(chunk) == chunk
+        state.token_times.append(0.0)
+    assert call.outputs == 2
+    call.finish()

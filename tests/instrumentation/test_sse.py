@@ -155,3 +155,20 @@ def test_is_done_accepts_only_the_terminator() -> None:
     assert _sse.is_done(b" [DONE] ")
     assert not _sse.is_done(b"[DONE]x")
     assert not _sse.is_done(b'{"note": "[DONE]"}')
+
+
+EVENT_BYTES = st.lists(
+    st.sampled_from(
+        [b"event:", b"event: ", b"event", b"data: ", b"x", b"\n", b"\r", b"\r\n", b"id: 1", b" "]
+    )
+    | st.binary(max_size=4),
+    max_size=10,
+).map(b"".join)
+
+
+@settings(max_examples=500, deadline=None)
+@given(EVENT_BYTES)
+def test_the_fast_event_name_is_the_plain_one(event: bytes) -> None:
+    """``name_fast`` (the first line's name) answers what ``name_of`` (every line read)
+    answers, for any bytes."""
+    assert _sse.name_fast(event) == _sse.name_of(event)
