@@ -21,7 +21,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
 from prometheus_client import CollectorRegistry, start_http_server
-from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.nvml import (
     NvmlCollector,
     gpu_collector_enabled,
@@ -40,6 +39,7 @@ from stagelens.exporters.prometheus import (
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
+from stagelens.spans.provider import DeferredTracerProvider
 from stagelens.telemetry import Telemetry, set_default_telemetry
 
 __all__ = ["configure", "enable_gpu_metrics", "metrics_app", "register_collector"]
@@ -118,7 +118,7 @@ def configure(
     """Set up tracing and Prometheus metrics; return the Telemetry to instrument apps with.
 
     - Traces: ``tracer_provider`` if given; else a deferred provider (spans recorded on
-      the request path, built and exported by a worker thread: ``exporters/deferred.py``)
+      the request path, built and exported by a worker thread: ``stagelens.spans``)
       exporting to ``span_exporters`` or, by default, to what ``OTEL_TRACES_EXPORTER`` /
       ``OTEL_EXPORTER_OTLP_*`` name (OTLP over HTTP/protobuf unless ``grpc``), through a
       bounded queue whose drops are counted. ``OTEL_SERVICE_NAME`` and

@@ -51,16 +51,9 @@ from stagelens import semconv as sc
 from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
+from stagelens.spans.pending import DeferredSpan, PendingTrace, context_in, new_id
+from stagelens.spans.stages import anchor_in, open_stage, parent_under
 from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    DeferredSpan,
-    PendingTrace,
-    anchor_in,
-    context_in,
-    new_id,
-    open_stage,
-    parent_under,
-)
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024

@@ -39,6 +39,7 @@ from stagelens import semconv as sc
 from stagelens.config import PromptSizeClasses, Settings
 from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
+from stagelens.spans.pending import PendingTrace
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
@@ -586,7 +587,7 @@ def _reasoning_attributes(state: RequestState, attributes: dict[str, Any]) -> No
 
 
 def _settle(
-    pending: tail_sampling.PendingTrace,
+    pending: PendingTrace,
     reason: str | None,
     slots: tail_sampling.ExemplarSlots | None,
     root: trace.Span,

@@ -31,18 +31,16 @@ from stagelens import semconv as sc
 from stagelens.pricing import Usage
 from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
-from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    DeferredSpan,
+from stagelens.spans.pending import DeferredSpan, StageClock, wall_clock_ns
+from stagelens.spans.stages import (
     OpenStage,
-    StageClock,
     anchor_in,
     enter_stage,
     leave_stage,
     outer_stage,
     parent_under,
-    wall_clock_ns,
 )
+from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")

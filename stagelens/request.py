@@ -22,7 +22,7 @@ from stagelens.record import BillingRecord, StageTimes
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
-    from stagelens.tail_sampling import PendingTrace
+    from stagelens.spans.pending import PendingTrace
     from stagelens.telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(

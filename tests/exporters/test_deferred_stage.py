@@ -19,20 +19,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
-from stagelens.exporters import deferred
-from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.instrumentation.hooks import stage
 
 from stagelens import configure
 from stagelens.request import RequestState, _enter, _exit
+from stagelens.spans import provider as deferred
+from stagelens.spans import recorded
+from stagelens.spans.provider import DeferredTracerProvider
+from stagelens.spans.stages import deferred_span, enter_stage, leave_stage, open_stage
 from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    TailSampler,
-    deferred_span,
-    enter_stage,
-    leave_stage,
-    open_stage,
-)
+from stagelens.tail_sampling import TailSampler
 
 _KEYS = st.sampled_from([f"k{i}" for i in range(6)])
 _VALUES = st.one_of(
@@ -165,7 +161,7 @@ def test_the_attribute_limit_holds_as_on_a_span(providers: tuple[Any, Any, Any, 
     root.pending_trace.settle(True)
     root.end()
     (built,) = [s for s in _exported(tail, tail_out) if s.name == "s"]
-    assert len(built.attributes) == deferred.MAX_ATTRIBUTES
+    assert len(built.attributes) == recorded.MAX_ATTRIBUTES
     assert built.attributes["a5"] == "again"
     assert "a127" in built.attributes
     assert "a128" not in built.attributes

@@ -12,17 +12,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
-from stagelens.exporters.deferred import DeferredTracerProvider, RecordedSpan
 
 from stagelens import semconv
 from stagelens.errors import ConfigurationError
-from stagelens.tail_sampling import (
-    ExemplarSlots,
-    PendingTrace,
-    TailSampler,
-    keep_reason,
-    tail_sampler,
-)
+from stagelens.spans.pending import PendingTrace
+from stagelens.spans.provider import DeferredTracerProvider
+from stagelens.spans.recorded import RecordedSpan
+from stagelens.tail_sampling import ExemplarSlots, TailSampler, keep_reason, tail_sampler
 
 
 @pytest.fixture
