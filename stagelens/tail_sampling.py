@@ -7,7 +7,7 @@ records a request's spans as plain data and builds them only after export is dec
 the decision can be taken in the serving process, with the outcome in hand, at no cost to
 the traces it drops: their spans are never built, encoded or queued.
 
-Three parts, each with one job:
+Two parts, each with one job:
 
 - ``TailSampler``, the OpenTelemetry ``Sampler`` that ``OTEL_TRACES_SAMPLER=stagelens_tail``
   (``OTEL_TRACES_SAMPLER_ARG`` = the base keep ratio, default ``DEFAULT_RATIO``) or
@@ -15,13 +15,8 @@ Three parts, each with one job:
   can be decided then: a sampled parent, or the trace id under the base ratio (as
   ``TraceIdRatioBased``, so services sampling by ratio agree), is kept; every other trace
   is ``RECORD_ONLY``, recorded but not (yet) sampled, and its ``traceparent`` says so.
-- ``PendingTrace``, the spans of one trace while its decision waits, released to the
-  export queue when it is kept and discarded when it is not.
-- ``DeferredSpan``, what a ``stage()`` of such a trace records instead of a span: its name,
-  clock readings and attributes, turned into a span by the deferred tracer only when the
-  trace is kept. It is not made current in the OpenTelemetry context (attaching a context
-  costs as much as the rest of the record); ``open_stage`` names it to the tracer instead,
-  so spans started inside the stage are still its children.
+  What such a trace's spans are meanwhile, and how they are kept or dropped, is
+  ``stagelens.spans``'s (``PendingTrace``, ``DeferredSpan``).
 - ``keep_reason`` and ``ExemplarSlots``: the rules the middleware applies at the request's
   end (failed, client gone, slow against the SLO thresholds, needed as an exemplar).
 

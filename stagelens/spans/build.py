@@ -14,7 +14,7 @@ from stagelens.spans.stages import anchor_in
 from stagelens.spans.tracer import DeferredTracer
 
 
-def _built(stage: DeferredSpan) -> RecordedSpan:
+def built(stage: DeferredSpan) -> RecordedSpan:
     """The span a ``DeferredSpan`` stands for, as ``start_span`` would have made it under
     its parent, with its ids, clock readings, attributes and calls replayed in order."""
     tracer = stage.tracer
@@ -46,7 +46,7 @@ def _built(stage: DeferredSpan) -> RecordedSpan:
     return span
 
 
-def _built_stage(record: StageRecord) -> RecordedSpan:
+def built_stage(record: StageRecord) -> RecordedSpan:
     """The span of a stage held as a ``StageRecord``, as ``stage()`` makes it when the
     trace is sampled from its start: its name as ``stagelens.stage``, then the attributes
     given to ``stage()``."""

@@ -1,4 +1,25 @@
-"""``DeferredTracerProvider``: the span queue, the export worker and the exporters."""
+"""``DeferredTracerProvider``: a tracer provider that only records on the request path;
+spans are built and exported off it.
+
+Why not the SDK's TracerProvider on the hot path: its span objects and its OTLP encoding
+cost more than everything else stagelens does per request (``benchmarks/overhead.py`` runs
+it as a peer). Here a span is a plain object (``RecordedSpan``); ending it appends it to a
+bounded queue (one ``len`` and one ``deque.append``). A worker thread drains the queue in
+batches and hands each batch to every exporter: the SDK's OTLP/HTTP exporter gets the batch
+encoded straight to protobuf (``otlp_encode``) and sent through its own client, so
+endpoint, headers, TLS, compression, timeout and retries still come from
+``OTEL_EXPORTER_OTLP_*``; any other ``SpanExporter`` (console, gRPC, in-memory) gets SDK
+``ReadableSpan`` objects, built in the worker.
+
+Semantics follow the SDK where the instrumentation relies on them: W3C ids from
+``random.getrandbits``, ``time.time_ns`` clocks, the SDK sampler chosen by
+``OTEL_TRACES_SAMPLER`` for spans without a local parent (children of a local span follow
+it, as with the default ``parentbased_always_on``), ``set_status`` keeping OK final,
+``record_exception`` events with the SDK's attributes, at most 128 attributes per span.
+Dropped spans are counted (``queue_full`` when the queue is at its bound, reported by the
+worker at its next wake so that a dead collector does not slow the request path;
+``export_failed`` per failed batch and exporter) and the first failure is logged once.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +41,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.util.types import Attributes
 
 from stagelens import _compat, semconv
-from stagelens.spans.build import _built, _built_stage
+from stagelens.spans.build import built, built_stage
 from stagelens.spans.otlp_encode import encode_request
 from stagelens.spans.pending import DeferredSpan, HeldSpan, StageRecord
 from stagelens.spans.recorded import RecordedSpan
@@ -109,15 +130,15 @@ class DeferredTracerProvider(trace.TracerProvider):
             # A stage's record is told first: a failed isinstance against the Span ABC
             # (which a tuple fails) is a Python call; one of the exact type is not.
             if isinstance(span, tuple):
-                built = _built_stage(span)
+                recorded = built_stage(span)
             elif not isinstance(span, RecordedSpan):
-                built = _built(span.as_deferred())  # a DeferredSpan is its own
+                recorded = built(span.as_deferred())  # a DeferredSpan is its own
             else:
-                built = span
+                recorded = span
         except Exception as exc:  # by type only: a message may quote content
             self._failed(1, RuntimeError(f"building a kept span: {type(exc).__qualname__}"))
             return
-        self._enqueue(built)
+        self._enqueue(recorded)
 
     def _enqueue(self, span: RecordedSpan) -> None:
         queue = self._queue
@@ -146,9 +167,9 @@ class DeferredTracerProvider(trace.TracerProvider):
             with self._flush_lock:
                 flushes, self._flushes = self._flushes, []
             # Woken because a batch filled up: send full batches only, and leave the few
-            # spans that arrived meanwhile for the next one. Draining them too made every
-            # other request a handful of spans (4 POSTs per full batch, measured), and each
-            # POST costs ~0.65 ms of CPU in the exporter's HTTP client.
+            # spans that arrived meanwhile for the next one. Draining them too would send
+            # a handful of spans in many POSTs, and each POST has a fixed CPU cost in the
+            # exporter's HTTP client whatever its size.
             self._drain(full_only=by_size and not flushes and not self._stopping)
             self._report_full_drops()
             for done in flushes:

@@ -94,11 +94,6 @@ class RecordedSpan(trace.Span):
         self._context: SpanContext | None = None
         self._pending = pending
 
-    @property
-    def pending_trace(self) -> PendingTrace | None:
-        """The trace's keep decision under the tail sampler, None under any other."""
-        return self._pending
-
     # -- the Span API --------------------------------------------------------------------
     def get_span_context(self) -> SpanContext:
         """Built on first use: stage spans never need one. Sampled unless the trace's
@@ -286,3 +281,9 @@ class RecordedSpan(trace.Span):
             start_time=self._start,
             end_time=self.end_time,
         )
+
+
+def pending_of(span: trace.Span) -> PendingTrace | None:
+    """The keep decision ``span``'s trace waits for under the tail sampler; None for a span
+    of a trace under any other sampler, or one the deferred tracer did not make."""
+    return span._pending if isinstance(span, RecordedSpan) else None
