@@ -48,7 +48,7 @@ from stagelens.instrumentation._suppress import current_context
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
 from stagelens.spans.pending import DeferredSpan, PendingTrace, context_in, new_id

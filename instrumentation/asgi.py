@@ -37,7 +37,7 @@ from stagelens.instrumentation.hooks import Rejected, bill, stage
 from stagelens import _compat, tail_sampling
 from stagelens import semconv as sc
 from stagelens.config import PromptSizeClasses, Settings
-from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
+from stagelens.metrics.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.spans.pending import PendingTrace
 from stagelens.stages import Stage

@@ -28,8 +28,8 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
+from stagelens.metrics.record import BillingRecord
 from stagelens.pricing import Usage
-from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
 from stagelens.spans.pending import DeferredSpan, StageClock, wall_clock_ns
 from stagelens.spans.stages import (

@@ -36,7 +36,7 @@ SHORTCUTS: Final = {
     "formatted, not through the public APIs (instrumentation/_headers.py); one shortcut, "
     "measured as one",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
-    "one by one (stagelens/_series.py FastHistogram.observe_many)",
+    "one by one (stagelens/metrics/series.py FastHistogram.observe_many)",
 }
 """Every shortcut that has a switch, by name: what it does and where."""
 

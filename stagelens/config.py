@@ -15,8 +15,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stagelens import semconv
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
 from stagelens.errors import ConfigurationError
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.tail_sampling import EXEMPLAR_REFRESH_SECONDS
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Final
 from opentelemetry import trace
 
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
+from stagelens.metrics.record import BillingRecord, StageTimes
 from stagelens.pricing import Usage
-from stagelens.record import BillingRecord, StageTimes
 from stagelens.spans.recorded import pending_of
 from stagelens.stages import Stage
 

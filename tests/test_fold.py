@@ -11,10 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from stagelens import buckets, semconv
+from stagelens import semconv
 from stagelens.config import Settings
-from stagelens.fold import FOLD_EVERY
-from stagelens.record import BillingRecord, ExemplarRef, PhaseTimes, RequestRecord, StageTimes
+from stagelens.metrics import buckets
+from stagelens.metrics.fold import FOLD_EVERY
+from stagelens.metrics.record import (
+    BillingRecord,
+    ExemplarRef,
+    PhaseTimes,
+    RequestRecord,
+    StageTimes,
+)
 from stagelens.telemetry import recording_for
 
 
@@ -183,7 +190,7 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
 def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     """Should prometheus-client fail writing one series of a batch, the other series of
     the same records are still written, and the failure is counted."""
-    from stagelens._series import FastHistogram
+    from stagelens.metrics.series import FastHistogram
 
     registry = CollectorRegistry()
     fold, instruments = recording_for(registry, Settings())
@@ -233,7 +240,7 @@ def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> No
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     code = "\n".join(
         (
-            "from stagelens.record import PhaseTimes, RequestRecord, StageTimes",
+            "from stagelens.metrics.record import PhaseTimes, RequestRecord, StageTimes",
             's = StageTimes([("gateway", 0.1)])',
             'p = PhaseTimes([("queue", 0.1)])',
             'RequestRecord("m", "200", 1.0, None, [], stages=s, phases=p, rejected_by=None,'

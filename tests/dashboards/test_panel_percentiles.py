@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from stagelens import semconv as sc
 from stagelens.config import Settings
-from stagelens.record import RequestRecord, StageTimes
+from stagelens.metrics.record import RequestRecord, StageTimes
 from stagelens.telemetry import recording_for
 from stagelens.views.percentiles import ERROR_TARGET, nearest_rank
 from tests._promstack import PROMETHEUS, PromStack, prom_stack

@@ -3,7 +3,7 @@
 Why batches: a streamed request ends with ~15 observations and ~6 increments. Queued (O(1)
 on the request path) and handed over together, a sink writes each touched series once per
 batch instead of once per request. Why sinks of equal rank: the Prometheus series and the
-GenAI OpenTelemetry metrics both read the same records (``stagelens.record``); neither is
+GenAI OpenTelemetry metrics both read the same records (``stagelens.metrics.record``); neither is
 the other's consumer, and a failing sink costs only itself.
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Final
 
 from stagelens import semconv as sc
-from stagelens.record import RequestRecord, RequestSink
+from stagelens.metrics.record import RequestRecord, RequestSink
 
 __all__ = ["FOLD_EVERY", "Fold"]
 

@@ -1,8 +1,8 @@
 """The Prometheus sink: folded batches of finished requests written into the gateway series.
 
-Why a sink: the fold (``stagelens.fold``) hands every sink the same batches; this one turns
-them into the ``stagelens_*`` series of one registry (``stagelens._instruments``), through
-bound children (``stagelens._series``). Why per batch: observations of the same series
+Why a sink: the fold (``stagelens.metrics.fold``) hands every sink the same batches; this one turns
+them into the ``stagelens_*`` series of one registry (``stagelens.metrics.instruments``), through
+bound children (``stagelens.metrics.series``). Why per batch: observations of the same series
 become one bucket count in C and one locked increment per touched bucket, for all the
 requests of the batch. A scrape folds first (``FoldOnCollect``), so it never misses a
 finished request.
@@ -21,10 +21,10 @@ from typing import Any, Final, TypeVar
 from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
-from stagelens._instruments import Instruments
-from stagelens._series import Candidates, FastCounter, FastHistogram
-from stagelens.fold import Fold
-from stagelens.record import RequestRecord
+from stagelens.metrics.fold import Fold
+from stagelens.metrics.instruments import Instruments
+from stagelens.metrics.record import RequestRecord
+from stagelens.metrics.series import Candidates, FastCounter, FastHistogram
 
 __all__ = ["FoldOnCollect", "PrometheusSink"]
 

@@ -4,7 +4,7 @@ Why one record, apart from its sinks: the request path knows the figures (its ti
 tokens, verdicts) and nothing of where they go; the sinks (the Prometheus series, the GenAI
 OpenTelemetry metrics) know where they go and nothing of how a request was measured. Like
 vLLM's ``v1/metrics`` keeps its stats apart from its loggers, the record is plain data, the
-fold (``stagelens.fold``) batches records off the request path, and each sink receives the
+fold (``stagelens.metrics.fold``) batches records off the request path, and each sink receives the
 same batches, none above another.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, NewType, Protocol
 
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
 
 __all__ = [
     "BillingRecord",
