@@ -18,6 +18,7 @@ from stagelens.metrics.fold import FOLD_EVERY
 from stagelens.metrics.record import (
     BillingRecord,
     ExemplarRef,
+    LoneRecord,
     PhaseTimes,
     RequestRecord,
     StageTimes,
@@ -150,6 +151,37 @@ _BAD: dict[str, dict[str, Any]] = {
     "cost not a number": {"billing": BillingRecord("acme", 300, 16, 128, cast("float", "x"))},
     "not a record": {},
 }
+
+
+def test_lone_observations_reach_the_series_through_the_fold() -> None:
+    """A stage and an upstream call made outside any request are folded like requests'
+    records, among them: their stage, engine phase and upstream first-token times and an
+    unmetered call reach the series; they count no request, token or SLI."""
+    registry = CollectorRegistry()
+    fold = recording_for(registry, Settings()).fold
+    fold.submit(_record())
+    fold.submit(LoneRecord("m", StageTimes([("retrieval", 0.003)])))
+    call = LoneRecord(
+        "m",
+        StageTimes([("inference", 0.2)]),
+        PhaseTimes([("queue", 0.001), ("prefill", 0.04)]),
+        upstream_ttft=0.045,
+        unmetered=semconv.BILLING_UNBILLED,
+    )
+    fold.submit(call)
+
+    def value(name: str, **labels: str) -> float | None:
+        return _value(registry, name, **labels)
+
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="retrieval", model="m") == 1.0
+    assert value(f"{semconv.STAGE_DURATION}_sum", stage="retrieval", model="m") == 0.003
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="prefill", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="decode", model="m") == 1.0
+    assert value(f"{semconv.UPSTREAM_TTFT}_count", model="m") == 1.0
+    assert value(semconv.UNMETERED_REQUESTS, model="m", billing=semconv.BILLING_UNBILLED) == 1.0
+    assert value(semconv.REQUESTS, model="m", code="200") == 1.0  # the request alone
+    assert value(semconv.TOKENS, model="m", tenant="acme", type="input") == 300
 
 
 @pytest.mark.parametrize("bad", list(_BAD), ids=list(_BAD))

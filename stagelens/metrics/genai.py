@@ -60,7 +60,7 @@ from stagelens.metrics.buckets import (
     GEN_AI_SERVER_TIME_TO_FIRST_TOKEN_BUCKETS,
 )
 from stagelens.metrics.genai_call import GenAICall
-from stagelens.metrics.record import RequestRecord
+from stagelens.metrics.record import Record, RequestRecord
 
 if TYPE_CHECKING:
     from stagelens.telemetry import Pipeline
@@ -168,16 +168,20 @@ class GenAIMetrics:
                     self._on_error(exc)
         return ()
 
-    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
+    def write(self, batch: Sequence[Record]) -> list[Exception]:
         """``RequestSink.write``: ``record`` the batch. Its failures are counted as the
         GenAI metrics' own (``on_error``), so none is returned to the fold."""
         self.record(batch)
         return []
 
-    def record(self, batch: Sequence[RequestRecord]) -> None:
+    def record(self, batch: Sequence[Record]) -> None:
         """Record every request of ``batch`` that made a GenAI call; never raises. A record
-        that fails costs only itself, counted through ``on_error``."""
+        that fails costs only itself, counted through ``on_error``. A lone observation
+        (``LoneRecord``) is no request the gateway served: the server histograms have
+        nothing to say of it, and it names no call."""
         for record in batch:
+            if not isinstance(record, RequestRecord):
+                continue
             call = record.genai
             if call is None:
                 continue
