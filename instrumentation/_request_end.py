@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from stagelens.instrumentation import _outcome
-from stagelens.instrumentation._asgi_io import _is_cancellation
+from stagelens.instrumentation._asgi_io import is_cancellation
 from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation.hooks import bill
 
@@ -35,7 +35,7 @@ _CLIENT_CLOSED_LABEL = _CODE_LABELS[STATUS_CLIENT_CLOSED]
 def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     """Work out the finished request's outcome once, submit its record, decide its trace
     and end its root span; ``error``: what the app raised, if anything."""
-    state = tracker._state
+    state = tracker.state
     assert state is not None
     telemetry = state.telemetry
     try:
@@ -45,7 +45,7 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
         telemetry.report_error("billing", exc)
     end = time.perf_counter()
     disconnected = state.disconnected or (
-        error is not None and not tracker._response_done and _is_cancellation(error)
+        error is not None and not tracker.response_done and is_cancellation(error)
     )
     if state.code is not None:
         code = state.code
@@ -53,7 +53,7 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
         code = STATUS_CLIENT_CLOSED
     else:
         code = 500
-    if error is not None and not tracker._response_started and not disconnected:
+    if error is not None and not tracker.response_started and not disconnected:
         code = 500
     # Gone before it received the whole answer: noticed before the last body was sent
     # (by receive, a failing send or a look before sending) or by the request being
@@ -77,14 +77,14 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
     gaps = (
         _outcome.inter_token_gaps(state.token_times, inference)
-        if tracker._sse and inference is not None
+        if tracker.sse and inference is not None
         else []
     )
     worst_gap = max(gaps) if gaps else None
     duration = end - state.started_at
     settings = telemetry.settings
     usage = state.usage or state.upstream_usage
-    prompt_size, ttft_threshold = tracker._mw.prompt_sizes.of(
+    prompt_size, ttft_threshold = tracker.mw.prompt_sizes.of(
         usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
     )
     server_failed = code >= 500 or failure is not None
@@ -162,16 +162,16 @@ def end_root(
 ) -> None:
     """Name, annotate and end the root span (only end it when its trace was dropped:
     nothing set on it would be exported)."""
-    state = tracker._state
+    state = tracker.state
     assert state is not None
     root = state.root_span
     if root.is_recording() and not dropped:
         attributes: dict[str, Any] = {sc.HTTP_RESPONSE_STATUS_CODE: code}  # one call
-        route = tracker._scope.get("route")
+        route = tracker.scope.get("route")
         route_path = getattr(route, "path", None)
         if isinstance(route_path, str):
-            method = tracker._scope.get("method", "GET")
-            if method not in tracker._mw.known_methods:
+            method = tracker.scope.get("method", "GET")
+            if method not in tracker.mw.known_methods:
                 method = sc.HTTP_SPAN_NAME_OTHER
             root.update_name(f"{method} {route_path}")
             attributes[sc.HTTP_ROUTE] = route_path
@@ -188,7 +188,7 @@ def end_root(
             root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
             root.set_status(Status(StatusCode.ERROR, "client disconnected"))
         elif error is not None:
-            capture = tracker._mw.telemetry.settings.capture_message_content
+            capture = tracker.mw.telemetry.settings.capture_message_content
             record_failure(root, error, capture=capture)
             root.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
         elif code >= 500:
@@ -197,8 +197,8 @@ def end_root(
         elif failure is not None:
             root.set_status(Status(StatusCode.ERROR, "the answer failed after its headers"))
             root.set_attribute(sc.ERROR_TYPE, failure)
-        if tracker._mw.response_hook is not None:
-            tracker._run_span_hook(tracker._mw.response_hook, root, "response_hook")
+        if tracker.mw.response_hook is not None:
+            tracker.run_span_hook(tracker.mw.response_hook, root, "response_hook")
     root.end()
 
 

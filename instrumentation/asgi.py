@@ -2,8 +2,9 @@
 
 Pure ASGI (no BaseHTTPMiddleware) so that streamed bodies pass through untouched: every
 ``http.response.body`` message is forwarded as it comes, and only timestamps are taken on
-the way (STYLE rules 8, 9). The middleware object is shared; everything about a request
-lives in a ``_RequestTracker`` made per request.
+the way. The middleware object is shared; everything about a request lives in a
+``_RequestTracker`` made per request (the ASGI plumbing is ``_asgi_io``'s, the request's
+end ``_request_end``'s).
 
 Every non-empty body sent is timestamped (the hot path: nothing else); the upstream
 instrumentation marks each output-bearing event it reads with the number of bodies sent so
@@ -19,27 +20,27 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import context, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.trace import SpanKind
 from stagelens.instrumentation import _fastapi_builtin
 from stagelens.instrumentation._asgi_io import (
-    _FASTAPI_TELEMETRY,
+    FASTAPI_TELEMETRY,
+    HEADERS,
     ASGIApp,
     Message,
     Receive,
     Scope,
     Send,
-    _expects_continue,
-    _extract,
-    _maybe_await,
-    _noting_departure,
-    _read_body,
-    _reports_departure_by_send,
-    _server_attributes,
+    expects_continue,
     known_http_methods,
+    maybe_await,
+    noting_departure,
+    read_body,
+    reports_departure_by_send,
+    server_attributes,
 )
 from stagelens.instrumentation._header_logs import quiet_propagator_logs
 from stagelens.instrumentation._request_end import finish
@@ -139,25 +140,25 @@ class _RequestTracker:
 
     __slots__ = (
         "_last_body",
-        "_mw",
         "_pending",
         "_receive",
         "_received",
         "_receiving",
-        "_response_started",
-        "_scope",
-        "_sse",
-        "_state",
+        "mw",
+        "response_started",
+        "scope",
+        "sse",
+        "state",
     )
 
     def __init__(self, middleware: StageLensMiddleware, scope: Scope) -> None:
-        self._mw = middleware
-        self._scope = scope
-        self._sse = False
-        self._response_started = False
+        self.mw = middleware
+        self.scope = scope
+        self.sse = False
+        self.response_started = False
         self._last_body: Message | None = None
         """The latest body message sent: the response is done once one says no more."""
-        self._state: RequestState | None = None
+        self.state: RequestState | None = None
         self._receive: Receive | None = None
         """The app's receive, looked into before the answer is sent (``_look_for_departure``);
         None where the server reports a departed client by a failing send (ASGI >= 2.4)."""
@@ -169,39 +170,39 @@ class _RequestTracker:
         """The app has called ``receive`` (the server has answered any 100-continue)."""
 
     @property
-    def _response_done(self) -> bool:
+    def response_done(self) -> bool:
         """The last body message was sent (read when needed, not tested on each send)."""
         last = self._last_body
         return last is not None and not last.get("more_body", False)
 
     async def run(self, receive: Receive, send: Send) -> None:
-        mw, scope = self._mw, self._scope
+        mw, scope = self.mw, self.scope
         telemetry = mw.telemetry
         method = scope.get("method", "GET")
         known = method in mw.known_methods
-        parent = _extract(scope)
+        parent = propagate.extract(scope, getter=HEADERS)
         # A FastAPI app inside (wrapped, or mounted in a Starlette app) makes no SERVER span
         # of its own for this request: ours is the one (see _fastapi_builtin).
-        scope.setdefault(_FASTAPI_TELEMETRY, None)
+        scope.setdefault(FASTAPI_TELEMETRY, None)
         root = telemetry.tracer.start_span(
             method if known else sc.HTTP_SPAN_NAME_OTHER,
             context=parent,
             kind=SpanKind.SERVER,
-            attributes=_server_attributes(scope, method, known),
+            attributes=server_attributes(scope, method, known),
         )
         state = RequestState(telemetry, root)
-        self._state = state
+        self.state = state
         ctx_token = context.attach(trace.set_span_in_context(root, parent))
         state_token = _enter(state)
         error: BaseException | None = None
         try:
             if mw.request_hook is not None:
-                self._run_span_hook(mw.request_hook, root, "request_hook")
+                self.run_span_hook(mw.request_hook, root, "request_hook")
             rejection, receive = await self._gateway(receive)
             if rejection is not None:
                 await self._send_rejection(rejection, send)
             else:
-                if not _reports_departure_by_send(scope):
+                if not reports_departure_by_send(scope):
                     self._receive = receive
                 await mw.app(scope, self._wrap_receive(receive), self._wrap_send(send))
         except BaseException as exc:
@@ -214,7 +215,7 @@ class _RequestTracker:
 
     # -- gateway stage -----------------------------------------------------------------
     async def _gateway(self, receive: Receive) -> tuple[Rejected | None, Receive]:
-        mw, state = self._mw, self._state
+        mw, state = self.mw, self.state
         assert state is not None
         if mw.auth_hook is None and mw.rate_limit_hook is None and mw.body_hook is None:
             with stage(Stage.GATEWAY):
@@ -222,14 +223,14 @@ class _RequestTracker:
         try:
             with stage(Stage.GATEWAY):
                 if mw.auth_hook is not None:
-                    tenant = await _maybe_await(mw.auth_hook(self._scope))
+                    tenant = await maybe_await(mw.auth_hook(self.scope))
                     if isinstance(tenant, str):
                         state.set_tenant(tenant)
                 if mw.rate_limit_hook is not None:
-                    await _maybe_await(mw.rate_limit_hook(self._scope))
+                    await maybe_await(mw.rate_limit_hook(self.scope))
                 if mw.body_hook is not None:
-                    body, receive = await _read_body(receive)
-                    await _maybe_await(mw.body_hook(self._scope, body))
+                    body, receive = await read_body(receive)
+                    await maybe_await(mw.body_hook(self.scope, body))
         except Rejected as rejection:
             return rejection, receive
         return None, receive
@@ -252,7 +253,7 @@ class _RequestTracker:
 
     # -- I/O wrappers ------------------------------------------------------------------
     def _wrap_receive(self, receive: Receive) -> Receive:
-        state = self._state
+        state = self.state
         assert state is not None
 
         async def wrapped_receive() -> Message:
@@ -265,7 +266,7 @@ class _RequestTracker:
                     message = await receive()
                 finally:
                     self._receiving = False
-            if message["type"] == "http.disconnect" and not self._response_done:
+            if message["type"] == "http.disconnect" and not self.response_done:
                 state.disconnected = True
             return message
 
@@ -287,12 +288,12 @@ class _RequestTracker:
         listens for the departure): it will learn it there. A failed look changes nothing:
         telemetry never breaks serving."""
         receive = self._receive
-        state = self._state
+        state = self.state
         if receive is None or state is None or state.disconnected:
             return
         if self._receiving or self._pending is not None:
             return
-        if not self._received and _expects_continue(self._scope):
+        if not self._received and expects_continue(self.scope):
             return  # a server's receive would answer "100 Continue" to a body never asked for
         try:
             step = receive().__await__()
@@ -314,20 +315,17 @@ class _RequestTracker:
                 state.disconnected = True
 
     def _wrap_send(self, send: Send) -> Send:
-        state = self._state
+        state = self.state
         assert state is not None
         times = state.token_times
         perf_counter = time.perf_counter
-        if _reports_departure_by_send(self._scope):
-            send = _noting_departure(send, state)
+        if reports_departure_by_send(self.scope):
+            send = noting_departure(send, state)
 
-        def wrapped_send(message: Message) -> Awaitable[None]:
+        async def wrapped_send(message: Message) -> None:
             # The hot path of a stream: a timestamp per body with bytes, and no look at
             # the bytes. Every message is passed on as it came, once, in its order; TTFT
             # and the inter-token gaps are worked out when the request ends.
-            # Not a coroutine itself: it notes the message when called (an ASGI app awaits
-            # ``send(message)`` at once) and returns the server's own awaitable, so no
-            # coroutine of ours is created and stepped per message.
             if message.get("body"):  # a body message with bytes (only those carry "body")
                 times.append(perf_counter())
                 self._last_body = message
@@ -338,21 +336,21 @@ class _RequestTracker:
             elif message["type"] == "http.response.start":
                 if self._receive is not None:
                     self._look_for_departure()  # before a non-streamed answer's headers
-                self._response_started = True
+                self.response_started = True
                 state.code = int(message["status"])
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
-                        self._sse = value.startswith(b"text/event-stream")
-            return send(message)
+                        self.sse = value.startswith(b"text/event-stream")
+            await send(message)
 
         return wrapped_send
 
     # -- end of request ----------------------------------------------------------------
-    def _run_span_hook(self, hook: SpanHook, span: trace.Span, name: str) -> None:
+    def run_span_hook(self, hook: SpanHook, span: trace.Span, name: str) -> None:
         try:
-            hook(span, self._scope)
+            hook(span, self.scope)
         except Exception as exc:
-            self._mw.telemetry.report_error(name, exc)
+            self.mw.telemetry.report_error(name, exc)
             if span.is_recording():  # a failing hook does not fail the request
-                capture = self._mw.telemetry.settings.capture_message_content
+                capture = self.mw.telemetry.settings.capture_message_content
                 record_failure(span, exc, capture=capture, status=False)
