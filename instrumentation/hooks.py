@@ -154,7 +154,7 @@ class stage:
         (a task begun inside it starting a span later): its record is held already, and
         the span goes under the stage's parent instead."""
         span = self._span
-        if type(span) is DeferredSpan:
+        if isinstance(span, DeferredSpan):
             return span
         if self._open is None:
             return None

@@ -14,7 +14,7 @@ import weakref
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, groupby
+from itertools import chain
 from operator import attrgetter
 from typing import Any, Final, TypeVar, cast
 
@@ -45,10 +45,12 @@ _PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 def _grouped(items: Sequence[_Item], key: Callable[[_Item], str]) -> list[tuple[str, list[_Item]]]:
     """``items`` by their ``key``: each value (in sorted order) with its items, in their
-    order. Why sorted and grouped: a batch is nearly always one model, one status code,
-    one prompt class and one tenant, and a run of equal keys is sorted (stably) and
-    grouped in one pass in C, with no Python step per item."""
-    return [(value, list(group)) for value, group in groupby(sorted(items, key=key), key)]
+    order. A batch is nearly always one model, one status code, one prompt class and one
+    tenant, so each series is then looked up once per batch, not once per record."""
+    groups: dict[str, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return sorted(groups.items())
 
 
 def _check(observed: _Observed) -> None:

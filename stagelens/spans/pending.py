@@ -85,7 +85,7 @@ def on_wall_clock(span: Any, now_ns: int, now: float) -> Any:
     reading of its own, and a dropped trace's stages are never put on the wall clock at
     all. Invariant: the span's start is ``now_ns`` less the time from the stage's start
     to ``now``, and its length is the duration the metric recorded."""
-    if type(span) is not tuple:
+    if not isinstance(span, tuple):
         return span
     tracer, name, given, parent, started, elapsed = span
     start_ns = wall_clock_ns(started, now_ns, now)

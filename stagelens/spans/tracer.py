@@ -59,7 +59,7 @@ class DeferredTracer(trace.Tracer):
         ctx = context if context is not None else _current_context()
         found = ctx.get(_SPAN_KEY) if _SPAN_KEY is not None else None
         # A local parent is found with one lookup; anything else as the API finds it.
-        parent = found if type(found) is RecordedSpan else trace.get_current_span(ctx)
+        parent = found if isinstance(found, RecordedSpan) else trace.get_current_span(ctx)
         if open_stage() is not None:  # inside a stage of a pending trace, its child
             parent = child_parent(parent)
         extra: Attributes = None
@@ -72,7 +72,7 @@ class DeferredTracer(trace.Tracer):
             trace_state = parent._trace_state
             pending = parent._pending
             local_root = False
-        elif type(parent) is DeferredSpan:
+        elif isinstance(parent, DeferredSpan):
             # A stage of a pending trace (tail sampler): the same, its id drawn now.
             parent_ctx = parent.get_span_context()
             trace_id, parent_id = parent_ctx.trace_id, parent_ctx.span_id
