@@ -13,6 +13,7 @@ meter provider is given or installed globally.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -40,6 +41,7 @@ from stagelens.exporters.prometheus import (
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
+from stagelens.settings_env import report_unknown_variables
 from stagelens.telemetry import Telemetry, set_default_telemetry
 
 __all__ = ["configure", "enable_gpu_metrics", "metrics_app", "register_collector"]
@@ -126,6 +128,10 @@ def configure(
       (``stagelens.TailSampler(ratio)`` is ``OTEL_TRACES_SAMPLER=stagelens_tail`` with
       ``OTEL_TRACES_SAMPLER_ARG=ratio``: traces kept by what happened to their request,
       decided when it ends; see ``stagelens.tail_sampling``).
+    - Settings: ``settings`` and ``overrides`` over the ``STAGELENS_*`` environment,
+      validated here (``ConfigurationError`` naming the variable and the expected form);
+      an unknown ``STAGELENS_*`` variable is warned about once per process, an error with
+      ``STAGELENS_STRICT=1`` (``stagelens.settings_env``).
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
       ``PROMETHEUS_MULTIPROC_DIR`` is set. ``metrics_port`` also starts a separate
@@ -143,6 +149,7 @@ def configure(
       ``OTEL_EXPORTER_OTLP[_METRICS]_*`` (``exporters/genai_metrics.py``).
     """
     resolved = load_settings(settings, **overrides)
+    report_unknown_variables(os.environ, strict=resolved.strict)
     recording = recording_registry(registry)
     exposition = exposition_registry(registry)
     holder: list[Telemetry] = []
