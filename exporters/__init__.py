@@ -34,9 +34,11 @@ from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_
 from stagelens.exporters.prometheus import (
     exposition_registry,
     metrics_app,
+    multiprocess_enabled,
     recording_registry,
     register_collector,
 )
+from stagelens.exporters.worker_split import watch_workers
 
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
@@ -134,8 +136,10 @@ def configure(
       ``STAGELENS_STRICT=1`` (``stagelens.settings_env``).
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
-      ``PROMETHEUS_MULTIPROC_DIR`` is set. ``metrics_port`` also starts a separate
-      ``/metrics`` HTTP server.
+      ``PROMETHEUS_MULTIPROC_DIR`` is set. Without it, a process that is one of several
+      workers of one server (uvicorn ``--workers``, gunicorn) warns once and exposes
+      ``stagelens_metrics_split_info`` (``exporters/worker_split.py``). ``metrics_port``
+      also starts a separate ``/metrics`` HTTP server.
     - ``set_global``: install the provider globally and make this Telemetry the default for
       ``instrument_app()`` / ``stage()`` calls that name none.
     - GPU: ``gpu=True`` registers the NVML collector on the exposition registry (what
@@ -183,6 +187,8 @@ def configure(
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
     enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)
+    if not multiprocess_enabled():  # there the scrape adds every worker's files up
+        watch_workers(exposition)
     if resolved.genai_metrics:
         from stagelens.exporters.genai_metrics import enable_genai_metrics
 
