@@ -18,14 +18,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, overload
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stagelens import semconv
 from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
 from stagelens.env_values import parse_list, parse_map
 from stagelens.errors import ConfigurationError
-from stagelens.settings_forms import ENV_PREFIX, CrossFieldError, Source, env_value, explain
+from stagelens.settings_forms import (
+    ENV_PREFIX,
+    CrossFieldError,
+    Source,
+    env_value,
+    explain,
+    kind,
+)
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.tail_sampling import EXEMPLAR_REFRESH_SECONDS
 
@@ -67,9 +81,6 @@ DEFAULTS_FROM: Final[dict[str, str]] = {
     "capture_message_content": semconv.CAPTURE_MESSAGE_CONTENT_ENV,
 }
 """Settings whose default is read from another environment variable, and that variable."""
-
-_LISTS: Final = ("tenants", "models", "prompt_size_bounds", "excluded_paths")
-_MAPS: Final = ("ttft_slo_thresholds_seconds", "stage_budgets_seconds", "daily_budgets_usd")
 
 
 class Settings(BaseSettings):
@@ -200,15 +211,18 @@ class Settings(BaseSettings):
         ``STAGELENS_*`` variable, or the variable ``DEFAULTS_FROM`` names) or ``default``."""
         return self._sources
 
-    @field_validator(*_LISTS, mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _list_from_text(cls, value: Any) -> Any:
-        return tuple(parse_list(value)) if isinstance(value, str) else value
-
-    @field_validator(*_MAPS, mode="before")
-    @classmethod
-    def _map_from_text(cls, value: Any) -> Any:
-        return parse_map(value) if isinstance(value, str) else value
+    def _from_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list or map field given as text (its variable, or a keyword): the comma or
+        ``key=value`` form, or JSON (``env_values``). Every other value passes as it is."""
+        if isinstance(value, str) and info.field_name is not None:
+            form = kind(cls.model_fields[info.field_name])
+            if form == "list":
+                return tuple(parse_list(value))
+            if form == "map":
+                return parse_map(value)
+        return value
 
     @field_validator("itl_slo_threshold_seconds")
     @classmethod

@@ -199,6 +199,15 @@ class TestConfigCommand:
         assert "did you mean STAGELENS_TENANTS?" in out
         assert "STAGELENS_GPU_COLLECTOR (unset)" in out
 
+    def test_a_password_in_a_url_is_never_printed(self, capsys) -> None:
+        """``STAGELENS_REDIS_URL=redis://:secret@host``: shown as ``***``, in text and JSON."""
+        with environment(STAGELENS_REDIS_URL="redis://:s3cret@cache:6379/0"):
+            assert main(["config"]) == 0
+            assert main(["config", "--json"]) == 0
+        out = capsys.readouterr().out
+        assert "s3cret" not in out
+        assert "STAGELENS_REDIS_URL=redis://:***@cache:6379/0" in out
+
     def test_json(self, capsys) -> None:
         """``--json``: the same rows for a program."""
         with environment(STAGELENS_DAILY_BUDGETS_USD='{"acme": 100}'):

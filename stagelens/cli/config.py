@@ -14,11 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import textwrap
 from typing import Any
 
 _WIDTH = 96
 _INDENT = "    "
+_PASSWORD = re.compile(r"(://[^/:@]*:)[^/@]*@")
+"""The password of a URL (``redis://:secret@host``, ``postgresql://user:secret@host``)."""
+
+
+def _redacted(value: str | None) -> str | None:
+    """``value`` with a URL's password shown as ``***``: the output may be pasted in a
+    ticket, and ``STAGELENS_REDIS_URL`` or ``STAGELENS_LEDGER_URL`` can hold one."""
+    return None if value is None else _PASSWORD.sub(r"\1***@", value)
 
 
 def _wrapped(text: str) -> list[str]:
@@ -41,7 +50,7 @@ def _text(rows: list[Any], others: list[Any], unknown: list[str]) -> str:
         lines.append("")
     lines += ["Read by other parts of stagelens:", ""]
     for other in others:
-        value = os.environ.get(other.name)
+        value = _redacted(os.environ.get(other.name))
         shown = f"={value}" if value is not None else " (unset)"
         lines.append(f"{other.name}{shown}  [{other.read_by}]")
         lines.extend(_wrapped(other.meaning))
@@ -73,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         document = {
             "settings": [asdict(row) for row in described],
             "other_variables": [
-                {**asdict(other), "value": os.environ.get(other.name)} for other in OTHER_VARIABLES
+                {**asdict(other), "value": _redacted(os.environ.get(other.name))}
+                for other in OTHER_VARIABLES
             ],
             "unknown_variables": [
                 {"name": name, "problem": describe_unknown(name)} for name in unknown
@@ -89,8 +99,15 @@ def add_parser(subparsers: Any) -> None:
     """Register ``stagelens config [--json]``."""
     parser = subparsers.add_parser(
         "config",
-        help="Print every setting, its value here, where it came from and what it means.",
-        description=(__doc__ or "").split("\n\n")[1].replace("\n", " "),
+        help="print every setting, its value here, where it came from and what it means",
+        description=(
+            "Print every STAGELENS_* setting as configure() reads it in this environment: "
+            "its value, where it came from (default, environment, keyword) and its meaning; "
+            "the variables other parts of stagelens read; and any STAGELENS_* variable "
+            "stagelens does not read, with the nearest known name. Exit status 2 on what "
+            "configure() would refuse (a bad value; an unknown variable under "
+            "STAGELENS_STRICT=1)."
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print JSON for a program")
     parser.set_defaults(func=run)
