@@ -56,7 +56,10 @@ FAMILIES = {
 """The gateway's latency histograms; the engine phases keep vLLM's bounds (their panels say
 how far off they may be)."""
 
-pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing"),
+]
 
 Truth = dict[tuple[str, str], list[float]]
 """(family, stage or "") -> every value the requests of one model took."""
