@@ -156,7 +156,7 @@ def panel_estimate(
 
 
 def accuracy(former: types.ModuleType) -> None:
-    from stagelens import buckets
+    from stagelens.metrics import buckets
     from stagelens.views.percentiles import from_buckets, nearest_rank
 
     print("1. worst relative error against the exact (nearest-rank) percentile;")

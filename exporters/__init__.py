@@ -13,6 +13,7 @@ meter provider is given or installed globally.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -32,13 +33,16 @@ from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_
 from stagelens.exporters.prometheus import (
     exposition_registry,
     metrics_app,
+    multiprocess_enabled,
     recording_registry,
     register_collector,
 )
+from stagelens.exporters.worker_split import watch_workers
 
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
+from stagelens.settings_env import report_unknown_variables
 from stagelens.spans.provider import DeferredTracerProvider
 from stagelens.telemetry import Telemetry, set_default_telemetry
 
@@ -126,10 +130,16 @@ def configure(
       (``stagelens.TailSampler(ratio)`` is ``OTEL_TRACES_SAMPLER=stagelens_tail`` with
       ``OTEL_TRACES_SAMPLER_ARG=ratio``: traces kept by what happened to their request,
       decided when it ends; see ``stagelens.tail_sampling``).
+    - Settings: ``settings`` and ``overrides`` over the ``STAGELENS_*`` environment,
+      validated here (``ConfigurationError`` naming the variable and the expected form);
+      an unknown ``STAGELENS_*`` variable is warned about once per process, an error with
+      ``STAGELENS_STRICT=1`` (``stagelens.settings_env``).
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
-      ``PROMETHEUS_MULTIPROC_DIR`` is set. ``metrics_port`` also starts a separate
-      ``/metrics`` HTTP server.
+      ``PROMETHEUS_MULTIPROC_DIR`` is set. Without it, a process that is one of several
+      workers of one server (uvicorn ``--workers``, gunicorn) warns once and exposes
+      ``stagelens_metrics_split_info`` (``exporters/worker_split.py``). ``metrics_port``
+      also starts a separate ``/metrics`` HTTP server.
     - ``set_global``: install the provider globally and make this Telemetry the default for
       ``instrument_app()`` / ``stage()`` calls that name none.
     - GPU: ``gpu=True`` registers the NVML collector on the exposition registry (what
@@ -143,6 +153,7 @@ def configure(
       ``OTEL_EXPORTER_OTLP[_METRICS]_*`` (``exporters/genai_metrics.py``).
     """
     resolved = load_settings(settings, **overrides)
+    report_unknown_variables(os.environ, strict=resolved.strict)
     recording = recording_registry(registry)
     exposition = exposition_registry(registry)
     holder: list[Telemetry] = []
@@ -176,6 +187,8 @@ def configure(
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
     enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)
+    if not multiprocess_enabled():  # there the scrape adds every worker's files up
+        watch_workers(exposition)
     if resolved.genai_metrics:
         from stagelens.exporters.genai_metrics import enable_genai_metrics
 
