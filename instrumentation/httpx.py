@@ -38,7 +38,8 @@ from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation._upstream import _UpstreamCall
 
 from stagelens import _compat
-from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
+from stagelens.spans.pending import DeferredSpan
+from stagelens.spans.stages import enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [

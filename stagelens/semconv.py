@@ -698,3 +698,16 @@ GEN_AI_REQUEST_REASONING_LEVEL: Final = "gen_ai.request.reasoning.level"
 """On the inference span: the reasoning effort the client asked for, as it wrote it (chat's
 ``reasoning_effort``, the Responses API's ``reasoning.effort``, the Messages API's
 ``output_config.effort``, or ``none`` for its ``thinking`` disabled); absent when it asked none."""
+
+# A process that is one of several workers of one server while nothing adds their metrics
+# up (``PROMETHEUS_MULTIPROC_DIR`` unset): ``stagelens/prefork.py`` finds them.
+METRICS_SPLIT: Final = "stagelens_metrics_split_info"
+"""Gauge {server, workers}: 1, on every worker, while this process is one of several workers
+of one server (uvicorn ``--workers``, gunicorn, any pre-fork server) and
+``PROMETHEUS_MULTIPROC_DIR`` is unset: each scrape reads only the worker that answers it, so
+counters jump back and forth and every rate is wrong. Absent otherwise."""
+LABEL_SERVER: Final = "server"
+"""The server whose workers split the metrics: ``gunicorn``, ``uvicorn``, ``hypercorn``,
+``granian``, ``daphne`` or ``unknown``."""
+LABEL_WORKERS: Final = "workers"
+"""How many workers accept on the answering worker's socket, itself included."""

@@ -264,7 +264,6 @@ class TestMetrics:
         expected = (44 * 1.0 + 256 * 0.5 + 16 * 4.0) / 1e6
         assert cap.value(semconv.COST_USD, model="tiny", tenant="other") == pytest.approx(expected)
 
-
     async def test_an_estimate_the_app_bills_is_marked_so(self, cap, client_factory) -> None:
         """``record_usage(estimated=True)``: billed as given (cache writes at their own
         type), counted as an estimated request, and the billing span says so."""
