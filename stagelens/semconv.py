@@ -178,8 +178,13 @@ SPAN_ENGINE_DECODE: Final = "decode"
 HEADER_REQUEST_ID: Final = "x-request-id"
 """Request id sent to the vLLM server, which uses it as its own request id: the app's own,
 else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
-by it); none is minted for a call whose trace is sampled out, or not yet kept (the tail
-sampler decides at the request's end: ``docs/tail-sampling.md``)."""
+by it), or ``0...0-<random>`` for a call whose trace is sampled out or not yet kept (the
+tail sampler decides at the request's end: ``docs/tail-sampling.md``); then ``~<tenant>``,
+the bounded tenant label, when the request has one (``docs/engine-seconds.md``)."""
+HEADER_ENGINE_SECONDS: Final = "x-stagelens-engine"
+"""Response header (and, in a stream, SSE comment ``: x-stagelens-engine ...``) the vLLM
+server's stagelens middleware adds for a stagelens request id: ``seconds=S; gpus=N``, the
+request's share of the engine's time and the GPUs the engine holds."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels
@@ -568,3 +573,23 @@ mode."""
 HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
 """Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
 ``stagelens_histogram_min_seconds``."""
+
+# Engine time per request (issue 44): each engine step's time split among its requests by
+# the tokens each computed in it (``exporters/engine_ledger.py``, docs/engine-seconds.md).
+ENGINE_SECONDS: Final = "stagelens_engine_seconds_total"
+"""Counter {model, tenant}: engine seconds attributed to finished requests (the gateway: as
+the engine reported each request's share; the vLLM plugin: every finished request, tenant
+from its request id)."""
+ENGINE_BUSY_SECONDS: Final = "stagelens_engine_busy_seconds_total"
+"""Counter {backend, model}: wall time of engine steps (the requests' shares, preempted
+work, and what no finished request claims: requests still running or aborted)."""
+ENGINE_IDLE_SECONDS: Final = "stagelens_engine_idle_seconds_total"
+"""Counter {backend, model}: engine wall time with no step running (counted a few seconds
+late while it lasts)."""
+ENGINE_PREEMPTED_SECONDS: Final = "stagelens_engine_preempted_seconds_total"
+"""Counter {backend, model}: busy time spent computing again the tokens of requests resumed
+after preemption: a part of busy time no request is charged for."""
+ATTR_ENGINE_SECONDS: Final = "stagelens.engine.seconds"
+"""Inference span: the request's share of the engine's time, seconds."""
+ATTR_ENGINE_GPU_SECONDS: Final = "stagelens.engine.gpu_seconds"
+"""Inference span: that share times the GPUs the engine holds (absent on a CPU engine)."""
