@@ -19,17 +19,15 @@ whether it failed after its headers (``_failure``) are facts beside the mode.
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 from dataclasses import replace
 from typing import Any, Final
 
 import httpx
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.trace import (
     INVALID_SPAN,
-    INVALID_SPAN_CONTEXT,
     NonRecordingSpan,
     SpanKind,
     Status,
@@ -45,12 +43,22 @@ from stagelens.instrumentation._headers import (
 )
 from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context
+from stagelens.instrumentation._upstream_modes import (
+    _BODY,
+    _EVENTS,
+    _FINISHED,
+    _PASS,
+    LATER,
+    ClientDisconnected,
+    _is_failure,
+    _passed,
+)
+from stagelens.instrumentation._upstream_request import _ask_for_usage, _client_attributes
 
-from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
-from stagelens.request import InferenceFacts, RequestState, current_request
+from stagelens.request import InferenceFacts, RequestState
 from stagelens.stages import Stage
 from stagelens.tail_sampling import (
     DeferredSpan,
@@ -61,7 +69,7 @@ from stagelens.tail_sampling import (
     open_stage,
     parent_under,
 )
-from stagelens.telemetry import Telemetry, default_telemetry
+from stagelens.telemetry import Telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
 """Answers that are not streamed are kept up to this size for their usage (bigger: not
@@ -71,42 +79,6 @@ _INFERENCE: Final = Stage.INFERENCE.value
 _Ending = tuple[BaseException | None, Usage | None, str | bool | None, list[tuple[str, float]], int]
 """How a call of an undecided trace ended, for its span if kept: (error, usage, estimated,
 engine phases, end in ``time_ns``)."""
-
-
-class _Later(NonRecordingSpan):
-    """The span of a call of an undecided trace that nothing asked for yet (``LATER``):
-    recorded (the call holds what the span needs), but not made."""
-
-    def is_recording(self) -> bool:
-        return True
-
-
-LATER: Final[trace.Span] = _Later(INVALID_SPAN_CONTEXT)
-"""``_UpstreamCall.span`` of a call of an undecided trace whose span nothing asked for yet:
-the call holds what its span needs, and makes it only when asked (``_recorded``: never
-through ``span`` itself) or when the trace is kept (``as_deferred``)."""
-
-
-class Mode(enum.Enum):
-    """What an upstream call does with the next chunk of the body (module docstring)."""
-
-    BODY = "body"
-    EVENTS = "events"
-    PASS = "pass"
-    FINISHED = "finished"
-
-
-_BODY: Final = Mode.BODY
-_EVENTS: Final = Mode.EVENTS
-_PASS: Final = Mode.PASS
-_FINISHED: Final = Mode.FINISHED
-
-
-class ClientDisconnected(Exception):
-    """Recorded on the inference span when the client's departure closed the stream."""
-
-    def __init__(self) -> None:
-        super().__init__("the client disconnected; the generation was aborted")
 
 
 class _UpstreamCall(EventReader):
@@ -608,77 +580,3 @@ class _UpstreamCall(EventReader):
             if isinstance(c, dict)
         ]
         self._recorded().set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
-
-
-def _passed(chunk: bytes) -> bytes:
-    """``on_chunk`` of a finished call: the chunk, as it came."""
-    return chunk
-
-
-def _is_failure(error: BaseException) -> bool:
-    """An exception while reading an answered body that means the backend failed (the
-    connection dropped, a protocol error), not that the reader was cancelled."""
-    return isinstance(error, Exception) and not isinstance(error, ClientDisconnected)
-
-
-def _ask_for_usage(request: httpx.Request, payload: dict[str, Any]) -> bool:
-    """Make ``request`` ask for the usage event; False when its body cannot be rewritten."""
-    try:
-        raw = request.content
-    except httpx.RequestNotRead:
-        return False
-    _compat.set_request_body(request, _openai.with_usage_asked(raw, payload))
-    return True
-
-
-def _client_attributes(
-    model: str, stream: bool, operation: str, payload: dict[str, Any], request: httpx.Request
-) -> dict[str, Any]:
-    """The inference span's request attributes (built only for a recorded span)."""
-    attributes: dict[str, Any] = {
-        sc.ATTR_STAGE: _INFERENCE,
-        sc.GEN_AI_OPERATION_NAME: operation,
-        sc.GEN_AI_PROVIDER_NAME: sc.GEN_AI_PROVIDER_VLLM,
-        sc.GEN_AI_REQUEST_MODEL: model,
-        sc.SERVER_ADDRESS: request.url.host,
-    }
-    if request.url.port is not None:
-        attributes[sc.SERVER_PORT] = request.url.port
-    if operation == sc.GEN_AI_OPERATION_EMBEDDINGS:
-        encoding = payload.get("encoding_format")
-        if isinstance(encoding, str):
-            attributes[sc.GEN_AI_REQUEST_ENCODING_FORMATS] = [encoding]
-        return attributes
-    attributes[sc.GEN_AI_REQUEST_STREAM] = stream
-    max_tokens = payload.get("max_completion_tokens", payload.get("max_tokens"))
-    if isinstance(max_tokens, int):
-        attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = max_tokens
-    return attributes
-
-
-def start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
-    """Begin instrumenting ``request`` if it is a completion or embeddings call; else just
-    propagate."""
-    path = request.url.path
-    if request.method != "POST":
-        propagate.inject(request.headers)
-        return None
-    if path.endswith("/chat/completions"):
-        operation = sc.GEN_AI_OPERATION_CHAT
-    elif path.endswith("/completions"):
-        operation = sc.GEN_AI_OPERATION_TEXT_COMPLETION
-    elif path.endswith("/embeddings"):
-        operation = sc.GEN_AI_OPERATION_EMBEDDINGS
-    else:
-        propagate.inject(request.headers)
-        return None
-    state = current_request()
-    if telemetry is None:
-        telemetry = state.telemetry if state is not None else default_telemetry()
-    try:
-        payload = _openai.loads(request.content or b"{}")
-    except (ValueError, httpx.RequestNotRead):
-        payload = {}
-    if not isinstance(payload, dict):
-        payload = {}
-    return _UpstreamCall(telemetry, state, payload, operation, request)

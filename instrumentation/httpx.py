@@ -31,16 +31,18 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
-from opentelemetry import context, trace
+from opentelemetry import context, propagate, trace
+from stagelens.instrumentation import _openai
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation._upstream import (
     LATER,
     ClientDisconnected,
     _UpstreamCall,
-    start_call,
 )
 
 from stagelens import _compat
+from stagelens import semconv as sc
+from stagelens.request import current_request
 from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
@@ -312,3 +314,31 @@ def uninstrument_httpx_client(client: httpx.AsyncClient | httpx.Client) -> None:
         unwrapped(transport),
         None if mounts is None else {pattern: unwrapped(t) for pattern, t in mounts.items()},
     )
+
+
+def start_call(telemetry: Telemetry | None, request: httpx.Request) -> _UpstreamCall | None:
+    """Begin instrumenting ``request`` if it is a completion or embeddings call; else just
+    propagate."""
+    path = request.url.path
+    if request.method != "POST":
+        propagate.inject(request.headers)
+        return None
+    if path.endswith("/chat/completions"):
+        operation = sc.GEN_AI_OPERATION_CHAT
+    elif path.endswith("/completions"):
+        operation = sc.GEN_AI_OPERATION_TEXT_COMPLETION
+    elif path.endswith("/embeddings"):
+        operation = sc.GEN_AI_OPERATION_EMBEDDINGS
+    else:
+        propagate.inject(request.headers)
+        return None
+    state = current_request()
+    if telemetry is None:
+        telemetry = state.telemetry if state is not None else default_telemetry()
+    try:
+        payload = _openai.loads(request.content or b"{}")
+    except (ValueError, httpx.RequestNotRead):
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    return _UpstreamCall(telemetry, state, payload, operation, request)
