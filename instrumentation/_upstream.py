@@ -37,6 +37,7 @@ from stagelens.instrumentation import _openai
 from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import (
     CONTENT_TYPE_KEY,
+    ENGINE_KEY,
     REQUEST_ID_KEY,
     add_upstream_headers,
     header_value,
@@ -56,6 +57,7 @@ from stagelens.instrumentation._upstream_modes import (
 from stagelens.instrumentation._upstream_request import _ask_for_usage, _client_attributes
 
 from stagelens import semconv as sc
+from stagelens.engine_join import NO_TRACE, read_engine_value
 from stagelens.genai_call import GenAICall
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState
@@ -198,10 +200,14 @@ class _UpstreamCall(EventReader):
             # Ask for the usage event (billing needs it) and remove it from what the app
             # reads, which is then byte for byte what it would read without stagelens.
             self._asked_usage = _ask_for_usage(request, payload)
-        request_id = add_upstream_headers(request, propagated, recording)
+        tenant = state.tenant if state is not None else None
+        request_id = add_upstream_headers(
+            request, propagated, recording, telemetry.tenants.label(tenant) if tenant else None
+        )
         if state is not None:
             state.request_id = request_id
-        if recording and request_id is not None:
+        # A key naming no trace does not make a span not made yet (LATER) for its sake.
+        if recording and not (later and request_id.startswith(NO_TRACE)):
             self._recorded().set_attribute(sc.ATTR_REQUEST_ID, request_id)
         self._payload = payload
         self._t0 = time.perf_counter()
@@ -233,6 +239,8 @@ class _UpstreamCall(EventReader):
         if status < 400 and self._asked_usage:
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
+        if status < 400 and not self.stream:  # a stream says it in its last comment
+            self._engine_share = read_engine_value(header_value(response.headers, ENGINE_KEY))
         span = self.span
         if self._span_later:  # undecided (LATER, or a DeferredSpan)
             if status < 400:
@@ -342,6 +350,8 @@ class _UpstreamCall(EventReader):
             inference.unbilled = inference.unbilled or billing == sc.BILLING_UNBILLED
             if inference.upstream_ttft is None:
                 inference.upstream_ttft = upstream_ttft
+            if self._engine_share is not None:
+                inference.engine_seconds = (inference.engine_seconds or 0.0) + self._engine_share[0]
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
             answered_model = self._response_model
@@ -562,6 +572,11 @@ class _UpstreamCall(EventReader):
             attributes[sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = self._dimensions
         if estimated is True or estimated == sc.BILLING_ESTIMATED:
             attributes[sc.ATTR_USAGE_ESTIMATED] = True
+        if self._engine_share is not None:
+            seconds, gpus = self._engine_share
+            attributes[sc.ATTR_ENGINE_SECONDS] = seconds
+            if gpus:
+                attributes[sc.ATTR_ENGINE_GPU_SECONDS] = seconds * gpus
         span.set_attributes(attributes)
         if error is not None:
             # ClientDisconnected's message is stagelens' own: it says what happened.

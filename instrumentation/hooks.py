@@ -412,6 +412,7 @@ def bill() -> float | None:
         model = state.model_label
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
+        inference = state.inference
         # Counted with the request's other figures when it ends (see Fold.submit).
         state.billing = BillingRecord(
             tenant,
@@ -420,6 +421,7 @@ def bill() -> float | None:
             usage.cached_input_tokens,
             cost,
             usage.reasoning_output_tokens,
+            inference.engine_seconds if inference is not None else None,
         )
         state.cost_usd = cost
         if state.recording:

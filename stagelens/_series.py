@@ -373,12 +373,31 @@ class ModelSeries:
 class BillingSeries:
     """The token and cost counters of one (model, tenant), bound once."""
 
-    __slots__ = ("cached_input", "cost", "input", "output", "reasoning")
+    __slots__ = (
+        "_engine",
+        "_instruments",
+        "_key",
+        "cached_input",
+        "cost",
+        "input",
+        "output",
+        "reasoning",
+    )
 
     def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
+        self._instruments, self._key = instruments, (model, tenant)
+        self._engine: FastCounter | None = None
         tokens = instruments.tokens
         self.input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT))
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
         self.cached_input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHED_INPUT))
         self.reasoning = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_REASONING))
         self.cost = FastCounter(instruments.cost.get(model, tenant))
+
+    @property
+    def engine(self) -> FastCounter:
+        """The engine-seconds counter, bound on first use: a tenant whose engine never
+        reported a figure shows no series rather than a zero."""
+        if self._engine is None:
+            self._engine = FastCounter(self._instruments.engine_seconds.get(*self._key))
+        return self._engine

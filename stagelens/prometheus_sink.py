@@ -215,6 +215,9 @@ class PrometheusSink:
             added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
             added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
+            engine = [b.engine_seconds for b in theirs if b.engine_seconds is not None]
+            if engine:
+                added[billing.engine] += sum(engine)
 
     def _collect_each(
         self, batch: Sequence[RequestRecord], failed: list[Exception]

@@ -51,6 +51,9 @@ class BillingRecord(NamedTuple):
     cost_usd: float
     reasoning_tokens: int = 0
     """Part of ``output_tokens``: the tokens the model spent thinking."""
+    engine_seconds: float | None = None
+    """The request's share of the engine's time, as the vLLM server reported it (None when
+    it did not: no stagelens middleware there, or an upstream that is not vLLM)."""
 
 
 class ExemplarRef(NamedTuple):
