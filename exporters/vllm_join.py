@@ -6,9 +6,11 @@
 share of the engine's time, as the vLLM plugin worked it out when the request finished:
 
 - an answer that is not streamed gets the header ``x-stagelens-engine: seconds=S; gpus=N``;
-- a stream gets the SSE comment ``: x-stagelens-engine seconds=S; gpus=N`` after its last
-  event (SSE parsers skip comments; the stagelens gateway reads it and removes it, so its
-  clients read the stream byte for byte as vLLM wrote it).
+- a stream gets the SSE comment ``: x-stagelens-engine seconds=S; gpus=N`` before the
+  first event sent once the request finished (its last content event, or its usage event,
+  or ``[DONE]``), so a reader that stops at ``[DONE]`` has read it (SSE parsers skip
+  comments; the stagelens gateway reads it and removes it, so its clients read the stream
+  byte for byte as vLLM wrote it).
 
 Any other request passes untouched. Why it can: the stat logger runs on the API server's
 event loop (``vllm/v1/engine/async_llm.py``, ``output_handler``), where it records a step
@@ -106,8 +108,10 @@ class EngineSecondsMiddleware:
         recent = self.recent
         streaming = False
 
+        delivered = False
+
         async def answer(message: dict[str, Any]) -> None:
-            nonlocal streaming
+            nonlocal streaming, delivered
             comment: bytes | None = None
             try:
                 kind = message.get("type")
@@ -122,17 +126,19 @@ class EngineSecondsMiddleware:
                         if found is not None:
                             value = engine_value(*found).encode("ascii")
                             message = {**message, "headers": [*headers, (_HEADER, value)]}
-                elif kind == "http.response.body" and streaming and not message.get("more_body"):
-                    found = await _figure(key, recent)
+                elif kind == "http.response.body" and streaming and not delivered:
+                    # Each event of the stream: one look (a dict lookup); at its end a few
+                    # loop turns, for a step whose stats come after its outputs.
+                    last = not message.get("more_body")
+                    found = await _figure(key, recent) if last else recent.take(key)
                     if found is not None:
                         comment = engine_comment(*found)
+                        delivered = True
             except Exception as exc:  # never the answer's problem: it goes as vLLM wrote it
                 _report(exc)
-            if comment is None:
-                await send(message)
-                return
-            await send({**message, "more_body": True})
-            await send({"type": "http.response.body", "body": comment, "more_body": False})
+            if comment is not None:  # between two events: vLLM sends whole events
+                await send({"type": "http.response.body", "body": comment, "more_body": True})
+            await send(message)
 
         await self.app(scope, receive, answer)
 

@@ -200,15 +200,41 @@ class TestMiddleware:
         assert response.json() == {"choices": [{"message": {"content": "hi"}}]}
         assert len(recent) == 0
 
-    async def test_a_stream_carries_its_share_in_a_comment_after_its_last_event(self):
+    async def test_a_stream_carries_its_share_in_a_comment_once_it_finished(self):
+        """The comment comes before the first event sent after the share was recorded
+        (here: already at the start), between two events."""
         recent = RecentShares()
         minted = engine_join.minted_id(0, 7, None)
         recent.put(engine_join.read_id(minted)[0], 0.5, 0)
         response = await _call(recent, minted, stream=True)
         assert response.content == (
+            b": x-stagelens-engine seconds=0.500000000; gpus=0\n\n"
             b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
             b"data: [DONE]\n\n"
-            b": x-stagelens-engine seconds=0.500000000; gpus=0\n\n"
+        )
+
+    async def test_a_share_recorded_late_still_comes_at_the_end(self):
+        """Recorded only when the stream's last event is out (a step whose stats came after
+        its outputs): the comment ends the stream."""
+        recent = RecentShares()
+        minted = engine_join.minted_id(0, 8, None)
+        key = engine_join.read_id(minted)[0]
+
+        async def late(scope, receive, send):
+            async def sending(message):
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    recent.put(key, 0.75, 1)
+                await send(message)
+
+            await _app()(scope, receive, sending)
+
+        transport = httpx.ASGITransport(app=EngineSecondsMiddleware(late, recent))
+        async with httpx.AsyncClient(transport=transport, base_url="http://vllm") as client:
+            response = await client.post(
+                "/v1/chat/completions?stream=1", json={}, headers={"X-Request-Id": minted}
+            )
+        assert response.content.endswith(
+            b"data: [DONE]\n\n: x-stagelens-engine seconds=0.750000000; gpus=1\n\n"
         )
 
     @pytest.mark.parametrize("request_id", [None, "my-own-id"])
