@@ -53,6 +53,7 @@ O(log N) per finished request, with N the ring's size, whatever the history.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -152,16 +153,17 @@ class EngineLedger:
         # prefix sum of prices, tape before and after it, tape cost after it (pending
         # steps excluded), completed tape before and after it, prefills completed, and
         # whether the one that began earlier (the group's head) has claimed.
-        self._t = [0.0] * ring
-        self._price = [0.0] * ring
-        self._p_sum = [0.0] * ring
-        self._tape0 = [0.0] * ring
-        self._tape1 = [0.0] * ring
-        self._cost1 = [0.0] * ring
-        self._done0 = [0.0] * ring
-        self._done1 = [0.0] * ring
-        self._groups = [0] * ring
-        self._head = [False] * ring
+        # Arrays, not lists: 8 bytes a value, not a pointer and a float object each.
+        self._t = array("d", bytes(8 * ring))
+        self._price = array("d", bytes(8 * ring))
+        self._p_sum = array("d", bytes(8 * ring))
+        self._tape0 = array("d", bytes(8 * ring))
+        self._tape1 = array("d", bytes(8 * ring))
+        self._cost1 = array("d", bytes(8 * ring))
+        self._done0 = array("d", bytes(8 * ring))
+        self._done1 = array("d", bytes(8 * ring))
+        self._groups = array("q", bytes(8 * ring))
+        self._head = bytearray(ring)
         self._pending: dict[int, _Pending] = {}
         self._clock = now
         """Wall time accounted up to here (busy, idle, or a pending gap)."""
@@ -277,7 +279,7 @@ class EngineLedger:
         self._done0[slot] = done0
         self._done1[slot] = self._done
         self._groups[slot] = max(work.first_tokens, 0)
-        self._head[slot] = False
+        self._head[slot] = 0
         pending = self._pending.get(k)
         if pending is not None:
             pending.tape = (pending.tape[0], self._tape)
@@ -329,7 +331,7 @@ class EngineLedger:
                 duration is not None and request.prefill > HEAD_FACTOR * duration
             )
         if head:
-            self._head[slot] = True
+            self._head[slot] = 1
             start = self._done0[slot]
             return self._tape_cost(start, start + computed, f, request, out)
         start = max(self._tape0[slot], self._done0[slot])
@@ -435,7 +437,7 @@ class EngineLedger:
         self._owed_again = 0.0
 
 
-def _last_below(values: list[float], n: int, lo: int, hi: int, x: float, *, strict: bool) -> int:
+def _last_below(values: array[float], n: int, lo: int, hi: int, x: float, *, strict: bool) -> int:
     """The last index in ``lo..hi`` (``lo`` at least) whose ring value ``values[i % n]`` is
     below ``x`` (``strict``) or at most ``x``; the values are sorted over ``lo..hi``."""
     found = lo

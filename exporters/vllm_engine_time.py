@@ -8,7 +8,7 @@ answers with it is installed (``vllm_join``), the share under the request's key.
 
 Why a ticker thread: idle time passes without a step, so without one the idle counter
 would stand still while the engine waits and jump when the next request comes. A daemon
-thread counts it once a second, up to ``IDLE_MARGIN_S`` before now (the start of the next
+thread counts it ten times a second, up to ``IDLE_MARGIN_S`` before now (the start of the next
 step is only known once its first request finishes). The ledger is shared with vLLM's
 output loop under a lock held for the ledger's own work only (no I/O under it).
 
@@ -36,7 +36,8 @@ from stagelens.tenants import TenantLimiter
 
 IDLE_MARGIN_S: Final = 5.0
 """Idle time is counted up to this long before now (longer than any one engine step)."""
-TICK_S: Final = 1.0
+TICK_S: Final = 0.1
+"""How often idle time is counted (the error of an idle reading, at most)."""
 RING_MIN: Final = 1024
 RING_MAX: Final = 1 << 20
 

@@ -261,7 +261,7 @@ class EventReader:
                 if data.startswith(COMMENT_PREFIX, start):
                     found = read_engine_comment(data[start:stop])
                     if found is not None:
-                        self._engine_share = found
+                        self.take_engine(found)
                         if start >= sent:
                             dropped.append((start, stop))
                 continue
@@ -391,6 +391,16 @@ class EventReader:
         if self._recording and self._response_id is None:
             self._response_id = facts.id
 
+    def take_engine(self, share: tuple[float, int]) -> None:
+        """Take the server's (seconds, GPUs) for the call, and add it to the request's at
+        once: the app may bill before the call ends (at the usage event)."""
+        if self._engine_share is not None:
+            return  # said once a call; a repeat is no second share
+        self._engine_share = share
+        inference = self._inference
+        if inference is not None:
+            inference.engine_seconds = (inference.engine_seconds or 0.0) + share[0]
+
     def read_plainly(self) -> None:
         """Make this reader its plain twin: from now on every chunk is split into events
         and every event parsed, none read from its bytes (what a stream of several choices
@@ -421,7 +431,8 @@ class EventReader:
             for start, stop, payload in events:
                 if payload is None:
                     found = read_engine_comment(partial[start:stop])
-                    self._engine_share = found or self._engine_share
+                    if found is not None:
+                        self.take_engine(found)
                     continue
                 if is_done(payload):
                     self._ended = True

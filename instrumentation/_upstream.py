@@ -239,8 +239,10 @@ class _UpstreamCall(EventReader):
         if status < 400 and self._asked_usage:
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
-        if status < 400 and not self.stream:  # a stream says it in its last comment
-            self._engine_share = read_engine_value(header_value(response.headers, ENGINE_KEY))
+        if status < 400 and not self.stream:  # a stream says it in a comment
+            share = read_engine_value(header_value(response.headers, ENGINE_KEY))
+            if share is not None:
+                self.take_engine(share)
         span = self.span
         if self._span_later:  # undecided (LATER, or a DeferredSpan)
             if status < 400:
@@ -350,8 +352,6 @@ class _UpstreamCall(EventReader):
             inference.unbilled = inference.unbilled or billing == sc.BILLING_UNBILLED
             if inference.upstream_ttft is None:
                 inference.upstream_ttft = upstream_ttft
-            if self._engine_share is not None:
-                inference.engine_seconds = (inference.engine_seconds or 0.0) + self._engine_share[0]
             state.stage_times.append((_INFERENCE, elapsed))
             state.phases = phases
             answered_model = self._response_model
