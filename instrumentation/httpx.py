@@ -34,11 +34,8 @@ import httpx
 from opentelemetry import context, propagate, trace
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
-from stagelens.instrumentation._upstream import (
-    LATER,
-    ClientDisconnected,
-    _UpstreamCall,
-)
+from stagelens.instrumentation._upstream import _UpstreamCall
+from stagelens.instrumentation._upstream_modes import LATER, ClientDisconnected
 
 from stagelens import _compat
 from stagelens import semconv as sc
