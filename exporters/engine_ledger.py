@@ -56,7 +56,7 @@ import math
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 HEAD_FACTOR: Final = 1.5
 """A prefill completed in a step whose prompt was partly computed before is the one whose
@@ -64,8 +64,7 @@ engine prefill time exceeds this many times the step's duration (a step that com
 earlier part ran at least as long as the last one's)."""
 
 
-@dataclass(frozen=True, slots=True)
-class StepWork:
+class StepWork(NamedTuple):
     """What one engine step did, as the stat logger learns it (totals, no request ids)."""
 
     now: float
@@ -89,8 +88,7 @@ class StepWork:
     """The engine had no request left, running or waiting, after the step."""
 
 
-@dataclass(frozen=True, slots=True)
-class FinishedWork:
+class FinishedWork(NamedTuple):
     """One finished request's facts (vLLM's ``FinishedRequestStats``)."""
 
     decode_tokens: int
@@ -161,7 +159,6 @@ class EngineLedger:
         self._tape1 = array("d", bytes(8 * ring))
         self._cost1 = array("d", bytes(8 * ring))
         self._done0 = array("d", bytes(8 * ring))
-        self._done1 = array("d", bytes(8 * ring))
         self._groups = array("q", bytes(8 * ring))
         self._head = bytearray(ring)
         self._pending: dict[int, _Pending] = {}
@@ -218,76 +215,93 @@ class EngineLedger:
 
     # -- a step ----------------------------------------------------------------------------
     def step(self, work: StepWork, finished: Sequence[FinishedWork] = ()) -> StepSplit:
-        """Account one step and the requests that finished in it; return what it added."""
+        """Account one step and the requests that finished in it; return what it added.
+
+        The hot path of the split (once per engine step, on vLLM's output loop): plain
+        comparisons rather than ``max``, the ring written once per field."""
         out = StepSplit()
         k = self._k
         self._k = k + 1
         slot = k % self._n
-        self._evict(k - self._n, out)
-        gap = max(work.now - self._clock, 0.0)
-        self._clock = max(self._clock, work.now)
+        pending_steps = self._pending
+        if pending_steps and k - self._n in pending_steps:
+            self._expire(pending_steps.pop(k - self._n), out)
+        now = work.now
+        clock = self._clock
+        gap = now - clock if now > clock else 0.0
+        if now > clock:
+            self._clock = now
         after_idle = self._idle
 
-        decodes = max(work.decodes, 0)
-        room = math.inf if self._budget is None else max(self._budget - decodes, 0)
-        if work.prefill_new is not None:
-            self._owed += max(work.prefill_new, 0)
-        self._owed_again += max(work.recompute_new, 0)
-        again = min(self._owed_again, room)
-        self._owed_again -= again
-        if work.prefill_scheduled is not None:
-            prefill = float(max(work.prefill_scheduled, 0))
-        elif work.prefill_new is not None:
-            prefill = min(self._owed, max(room - again, 0.0))
+        decodes = work.decodes if work.decodes > 0 else 0
+        budget = self._budget
+        room = math.inf if budget is None else (budget - decodes if budget > decodes else 0)
+        admitted = work.prefill_new
+        if admitted is not None and admitted > 0:
+            self._owed += admitted
+        again = 0.0
+        if work.recompute_new > 0 or self._owed_again:
+            self._owed_again += work.recompute_new if work.recompute_new > 0 else 0
+            again = self._owed_again if self._owed_again < room else room
+            self._owed_again -= again
+        scheduled = work.prefill_scheduled
+        tape = self._tape
+        if scheduled is not None:
+            prefill = float(scheduled) if scheduled > 0 else 0.0
+        elif admitted is not None:
+            left = room - again
+            prefill = self._owed if self._owed < left else (left if left > 0 else 0.0)
         else:
             prefill = 0.0
         done0 = self._done
-        self._done += max(work.prefill_done, 0)
-        if self._done > self._tape + prefill:  # completions prove the tokens were computed
-            prefill = self._done - self._tape
-        self._owed = max(self._owed - prefill, 0.0)
+        if work.prefill_done > 0:
+            self._done = done0 + work.prefill_done
+            if self._done > tape + prefill:  # completions prove the tokens were computed
+                prefill = self._done - tape
+        if prefill:
+            owed = self._owed - prefill
+            self._owed = owed if owed > 0 else 0.0
         tokens = decodes + prefill + again
 
         price = 0.0
         if after_idle:
             if tokens > 0:
-                self._pending[k] = _Pending(gap, tokens, again, decodes, (self._tape, 0.0))
+                pending_steps[k] = _Pending(gap, tokens, again, decodes, (tape, tape + prefill))
             else:  # nothing visible ran: the gap was idle
                 self.idle += gap
-                out.idle += gap
+                out.idle = gap
         else:
             self.busy += gap
-            out.busy += gap
+            out.busy = gap
             if tokens > 0:
                 price = (gap + self._carry) / tokens
                 self._carry = 0.0
-                spent = again * price
-                self.preempted += spent
-                out.preempted += spent
+                if again:
+                    spent = again * price
+                    self.preempted += spent
+                    out.preempted = spent
             else:
                 self._carry += gap
 
-        self._t[slot] = work.now
+        self._t[slot] = now
         self._price[slot] = price
         self._p_total += price
         self._p_sum[slot] = self._p_total
-        self._tape0[slot] = self._tape
-        self._tape += prefill
+        self._tape0[slot] = tape
+        self._tape = tape + prefill
         self._cost += prefill * price
         self._tape1[slot] = self._tape
         self._cost1[slot] = self._cost
         self._done0[slot] = done0
-        self._done1[slot] = self._done
-        self._groups[slot] = max(work.first_tokens, 0)
+        self._groups[slot] = work.first_tokens if work.first_tokens > 0 else 0
         self._head[slot] = 0
-        pending = self._pending.get(k)
-        if pending is not None:
-            pending.tape = (pending.tape[0], self._tape)
 
-        for request in finished:
-            share = self._claim(k, request, out)
-            out.shares.append(share)
-            self.attributed += share
+        if finished:
+            shares = out.shares
+            for request in finished:
+                share = self._claim(k, request, out)
+                shares.append(share)
+                self.attributed += share
 
         self._idle = work.idle_after
         if work.idle_after:
@@ -414,12 +428,6 @@ class EngineLedger:
             self._resolve(pending, pending.gap, out)
             lo, hi = pending.tape
             self.unattributed += (hi - lo) * (pending.price or 0.0)
-
-    def _evict(self, k: int, out: StepSplit) -> None:
-        """Step ``k`` leaves the ring: a pending step there expires."""
-        pending = self._pending.pop(k, None)
-        if pending is not None:
-            self._expire(pending, out)
 
     def _settle_idle(self, out: StepSplit) -> None:
         """The engine has no request left: whatever was not claimed can no longer be."""

@@ -31,6 +31,8 @@ from stagelens.exporters.vllm_metrics import EngineMetrics
 from stagelens.exporters.vllm_stats import FinishedRequest, IterationSample, SchedulerSample
 
 from stagelens import semconv as sc
+from stagelens._series import FastCounter
+from stagelens.config import load_settings
 from stagelens.engine_join import read_id
 from stagelens.tenants import TenantLimiter
 
@@ -51,6 +53,17 @@ def engine_gpus(vllm_config: Any) -> int:
     return int(size) if isinstance(size, int) and size > 0 else 1
 
 
+def tenant_limiter() -> TenantLimiter:
+    """The tenant label's bound, as the gateway's (``STAGELENS_TENANTS``,
+    ``STAGELENS_MAX_TENANTS``): any client may send any request id, so the plugin bounds it
+    too. Settings that do not load leave the defaults (the other metrics go on)."""
+    try:
+        settings = load_settings()
+    except Exception:  # a bad STAGELENS_* value is the gateway's to report, not vLLM's
+        return TenantLimiter()
+    return TenantLimiter(settings.tenants, settings.max_tenants)
+
+
 def step_work(
     now: float, s: SchedulerSample | None, it: IterationSample | None, prefix_caching: bool
 ) -> StepWork:
@@ -61,23 +74,23 @@ def step_work(
     """
     if s is None:
         admitted: int | None = None if not prefix_caching else 0
-        resumed = 0
-        scheduled = None
-        idle_after = False
+        resumed, scheduled, idle_after = 0, None, False
     else:
         admitted = s.prefix_queries - s.prefix_hits if prefix_caching else None
         resumed = s.resumed_queries - s.resumed_hits
         scheduled = s.prefill_tokens
         idle_after = s.running + s.waiting <= 0
+    if it is None:
+        return StepWork(now, 0, 0, 0, admitted, max(resumed, 0), scheduled, idle_after)
     return StepWork(
-        now=now,
-        decodes=it.decodes if it is not None else 0,
-        first_tokens=it.first_tokens if it is not None else 0,
-        prefill_done=it.prompt_computed if it is not None else 0,
-        prefill_new=admitted,
-        recompute_new=max(resumed, 0),
-        prefill_scheduled=scheduled,
-        idle_after=idle_after,
+        now,
+        it.decodes,
+        it.first_tokens,
+        it.prompt_computed,
+        admitted,
+        max(resumed, 0),
+        scheduled,
+        idle_after,
     )
 
 
@@ -125,12 +138,13 @@ class EngineTime:
         )
         self._lock = threading.Lock()
         key = (backend, model)
-        self._busy = metrics.busy.labels(*key)
-        self._idle = metrics.idle.labels(*key)
-        self._preempted = metrics.preempted.labels(*key)
+        # Written through their value (no checks per call): a step writes one or two.
+        self._busy = FastCounter(metrics.busy.labels(*key))
+        self._idle = FastCounter(metrics.idle.labels(*key))
+        self._preempted = FastCounter(metrics.preempted.labels(*key))
         self._by_tenant: Counter | None = metrics.engine_seconds
         self._tenant_series: dict[str, Any] = {}
-        self._tenants = tenants if tenants is not None else TenantLimiter()
+        self._tenants = tenants if tenants is not None else tenant_limiter()
         self._recent = recent
         self._errors = metrics.errors
         if ticker:
@@ -143,12 +157,9 @@ class EngineTime:
         finished = [finished_work(r) for r in requests]
         with self._lock:
             split = self.ledger.step(work, finished)
-        if split.busy:
-            self._busy.inc(split.busy)
-        if split.idle:
-            self._idle.inc(split.idle)
-        if split.preempted:
-            self._preempted.inc(split.preempted)
+        self._busy.inc(split.busy)  # (a FastCounter drops a zero)
+        self._idle.inc(split.idle)
+        self._preempted.inc(split.preempted)
         recent = self._recent
         for request, share in zip(requests, split.shares, strict=True):
             found = read_id(request.request_id)
@@ -172,7 +183,7 @@ class EngineTime:
         if series is None:
             series = _NOWHERE
             if self._by_tenant is not None:
-                series = self._by_tenant.labels(self.model, label)
+                series = FastCounter(self._by_tenant.labels(self.model, label))
             self._tenant_series[label] = series
         return series
 
