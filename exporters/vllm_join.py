@@ -106,9 +106,7 @@ class EngineSecondsMiddleware:
             await self.app(scope, receive, send)
             return
         recent = self.recent
-        streaming = False
-
-        delivered = False
+        streaming = delivered = False
 
         async def answer(message: dict[str, Any]) -> None:
             nonlocal streaming, delivered

@@ -10,6 +10,7 @@ server does not; the gateway is the reference one, three API keys, three tenants
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
@@ -23,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stagelens.reference.vllm_server import VllmServer
 
 from stagelens import semconv as sc
+from tests._scaffold import free_port
 from tests.conftest import ARTIFACTS
 from tests.e2e.conftest import RunningGateway, start_gateway
 
@@ -41,7 +43,7 @@ def engine_server(tiny_model: Path) -> Iterator[VllmServer]:
     none)."""
     server = VllmServer(
         model=str(tiny_model),
-        port=_free_port(),
+        port=free_port(),
         served_model_names=("tiny",),
         log_path=ARTIFACTS / "vllm-engine-seconds.log",
         env={
@@ -57,12 +59,6 @@ def engine_server(tiny_model: Path) -> Iterator[VllmServer]:
         yield server
     finally:
         server.stop()
-
-
-def _free_port() -> int:
-    from tests._scaffold import free_port
-
-    return free_port()
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +106,6 @@ async def _chat(
         assert answer.status_code == 200, await answer.aread()
         async for line in answer.aiter_lines():
             if line.startswith("data: {"):
-                import json
-
                 event = json.loads(line[6:])
                 usage = event.get("usage") or usage
     return {"end": time.monotonic(), "usage": usage, "max_tokens": max_tokens}
