@@ -26,7 +26,7 @@ through ``span`` itself) or when the trace is kept (``as_deferred``)."""
 
 
 class Mode(enum.Enum):
-    """What an upstream call does with the next chunk of the body (module docstring)."""
+    """What an upstream call does with the next chunk of the body (``_upstream``'s docstring)."""
 
     BODY = "body"
     EVENTS = "events"
