@@ -574,7 +574,7 @@ HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
 """Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
 ``stagelens_histogram_min_seconds``."""
 
-# Engine time per request (issue 44): each engine step's time split among its requests by
+# Engine time per request: each engine step's time split among its requests by
 # the tokens each computed in it (``exporters/engine_ledger.py``, docs/engine-seconds.md).
 ENGINE_SECONDS: Final = "stagelens_engine_seconds_total"
 """Counter {model, tenant}: engine seconds attributed to finished requests (the gateway: as
