@@ -240,9 +240,12 @@ class _UpstreamCall(EventReader):
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
         if status < 400 and not self.stream:  # a stream says it in a comment
-            share = read_engine_value(header_value(response.headers, ENGINE_KEY))
-            if share is not None:
-                self.take_engine(share)
+            try:
+                share = read_engine_value(header_value(response.headers, ENGINE_KEY))
+                if share is not None:
+                    self.take_engine(share)
+            except Exception as exc:  # never the app's problem
+                self._report(sc.COMPONENT_UPSTREAM, exc)
         span = self.span
         if self._span_later:  # undecided (LATER, or a DeferredSpan)
             if status < 400:
