@@ -14,14 +14,21 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from stagelens.exporters.vllm_join import EngineSecondsMiddleware, RecentShares
 
 from stagelens import engine_join
 from stagelens import semconv as sc
+from stagelens.testing import capture_telemetry
 from tests._scaffold import Served
 from tests.instrumentation.conftest import build_proxy, gateway_client, make_upstream
-
-pytestmark = pytest.mark.anyio
+from tests.instrumentation.test_stream_bytes import (
+    _chunked,
+    _sse_call,
+    _usage_events_removed,
+    streams,
+)
 
 SECONDS = 0.125
 
@@ -56,6 +63,7 @@ def _tenant(scope: Any) -> str:
     return "acme-corp"
 
 
+@pytest.mark.anyio
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_the_engines_share_reaches_the_span_and_the_tenants_counter(
     cap, vllm, stream: bool
@@ -81,6 +89,7 @@ async def test_the_engines_share_reaches_the_span_and_the_tenants_counter(
     assert value == pytest.approx(SECONDS)
 
 
+@pytest.mark.anyio
 async def test_a_stream_reaches_the_client_as_vllm_wrote_it(cap, vllm, upstream) -> None:
     """The same request through the gateway to vLLM with and without the middleware: the
     client reads the same bytes."""
@@ -102,6 +111,7 @@ def _ids(content: bytes) -> bytes:
     return content[start : content.index(b'"', start)]
 
 
+@pytest.mark.anyio
 async def test_without_the_engines_answer_nothing_is_recorded(cap, upstream) -> None:
     """A vLLM without the middleware: no attribute, no series (not a zero)."""
     app, client_upstream = build_proxy(cap, upstream.state.url)
@@ -111,3 +121,38 @@ async def test_without_the_engines_answer_nothing_is_recorded(cap, upstream) -> 
     span = next(s for s in cap.spans() if s.name == "chat tiny")
     assert sc.ATTR_ENGINE_SECONDS not in span.attributes
     assert cap.value(sc.ENGINE_SECONDS, model="tiny", tenant="other") is None
+
+
+COMMENT = engine_join.engine_comment(0.25, 1)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    before=streams(raw=False),
+    after=streams(raw=False),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+    asked=st.booleans(),
+)
+def test_the_engine_comment_is_read_and_removed_however_the_stream_is_chunked(
+    before: bytes, after: bytes, cuts: list[int], asked: bool
+) -> None:
+    """Between any events, any chunking: the figure is read, and the app reads the stream
+    without the comment; only a comment split over two chunks while nothing is held back
+    (stagelens did not ask for the usage event) reaches the app, whole (its first part was
+    handed over before it could be known)."""
+    stream = before + COMMENT + after
+    chunks = _chunked(stream, cuts)
+    with capture_telemetry() as cap:
+        payload: dict[str, Any] = {"model": "tiny", "stream": True}
+        if not asked:
+            payload["stream_options"] = {"include_usage": True}
+        call = _sse_call(cap.telemetry, None, payload)
+        out = b"".join(call.on_chunk(chunk) for chunk in chunks) + call.flush()
+        call.finish()
+    assert call._engine_share == (0.25, 1)
+    expected = _usage_events_removed(stream) if asked else stream
+    start = len(before)
+    split = any(start < c < start + len(COMMENT) for c in cuts)
+    if asked or not split:
+        expected = expected.replace(COMMENT, b"", 1)
+    assert out == expected
