@@ -31,9 +31,9 @@ from stagelens.dashboards.panels import (
     timeseries_panel,
 )
 
-from stagelens import buckets
 from stagelens import semconv as sc
-from stagelens.buckets import worst_ratio
+from stagelens.metrics import buckets
+from stagelens.metrics.buckets import worst_ratio
 from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage
 

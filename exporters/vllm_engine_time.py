@@ -31,9 +31,9 @@ from stagelens.exporters.vllm_metrics import EngineMetrics
 from stagelens.exporters.vllm_stats import FinishedRequest, IterationSample, SchedulerSample
 
 from stagelens import semconv as sc
-from stagelens._series import FastCounter
 from stagelens.config import load_settings
 from stagelens.engine_join import read_id
+from stagelens.metrics.series import FastCounter
 from stagelens.tenants import TenantLimiter
 
 IDLE_MARGIN_S: Final = 5.0

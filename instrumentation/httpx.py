@@ -40,7 +40,8 @@ from stagelens.instrumentation._upstream_modes import LATER, ClientDisconnected
 from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens.request import current_request
-from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
+from stagelens.spans.pending import DeferredSpan
+from stagelens.spans.stages import enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [

@@ -593,3 +593,15 @@ ATTR_ENGINE_SECONDS: Final = "stagelens.engine.seconds"
 """Inference span: the request's share of the engine's time, seconds."""
 ATTR_ENGINE_GPU_SECONDS: Final = "stagelens.engine.gpu_seconds"
 """Inference span: that share times the GPUs the engine holds (absent on a CPU engine)."""
+# A process that is one of several workers of one server while nothing adds their metrics
+# up (``PROMETHEUS_MULTIPROC_DIR`` unset): ``stagelens/prefork.py`` finds them.
+METRICS_SPLIT: Final = "stagelens_metrics_split_info"
+"""Gauge {server, workers}: 1, on every worker, while this process is one of several workers
+of one server (uvicorn ``--workers``, gunicorn, any pre-fork server) and
+``PROMETHEUS_MULTIPROC_DIR`` is unset: each scrape reads only the worker that answers it, so
+counters jump back and forth and every rate is wrong. Absent otherwise."""
+LABEL_SERVER: Final = "server"
+"""The server whose workers split the metrics: ``gunicorn``, ``uvicorn``, ``hypercorn``,
+``granian``, ``daphne`` or ``unknown``."""
+LABEL_WORKERS: Final = "workers"
+"""How many workers accept on the answering worker's socket, itself included."""

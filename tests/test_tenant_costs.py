@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 
 from stagelens.config import Settings
-from stagelens.record import BillingRecord, RequestRecord, StageTimes
+from stagelens.metrics.record import BillingRecord, RequestRecord, StageTimes
 from stagelens.telemetry import recording_for
 from stagelens.views.report import render_table
 from stagelens.views.tenant_costs import render_tenant_costs, tenant_costs

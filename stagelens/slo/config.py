@@ -24,9 +24,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stagelens import semconv as sc
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from stagelens.config import Settings, load_settings
 from stagelens.errors import ConfigurationError
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 
 _DURATION_RE: Final = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w)$")

@@ -25,10 +25,10 @@ from prometheus_client.samples import Exemplar
 from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._plain import plain
-from stagelens.record import ExemplarRef
+from stagelens.metrics.record import ExemplarRef
 
 if TYPE_CHECKING:
-    from stagelens._instruments import Instruments
+    from stagelens.metrics.instruments import Instruments
 
 _BUCKET_RUNS = not plain("bucket_runs")
 _VALUE = itemgetter(0)
