@@ -6,7 +6,8 @@ with one finished request, and a step with 8 finished requests (a busy batch), f
 the Prometheus series only (the default), then with the OTel metrics path on as well
 (the real OTLP pipeline, STAGELENS_VLLM_OTLP_METRICS=1; its export interval is set beyond
 the run, so this measures recording, which is all record() does: export runs in the
-SDK's reader thread).
+SDK's reader thread). The last column is the Prometheus-only logger without its engine-time
+split (``vllm_engine_time``), side by side: what the split costs a step is the difference.
 
     .venv/bin/python benchmarks/vllm_record_cost.py
 """
@@ -35,7 +36,7 @@ class _Config:
 def _finished(i: int) -> FinishedRequestStats:
     return FinishedRequestStats(
         finish_reason=None,
-        request_id=f"chatcmpl-{i:032x}-{i:016x}",
+        request_id=f"chatcmpl-{i + 1:032x}-{i + 1:016x}~tenant{i % 3}-1a2b3c4d",
         e2e_latency=0.35,
         num_prompt_tokens=600,
         num_generation_tokens=64,
@@ -89,23 +90,35 @@ def main() -> None:
     with_otel = StageLensStatLogger(_Config(), 0, registry=CollectorRegistry())
     assert with_otel._otel is not None
     assert prometheus_only._otel is None
+    os.environ["STAGELENS_VLLM_OTLP_METRICS"] = "0"
+    no_split = StageLensStatLogger(_Config(), 0, registry=CollectorRegistry())
+    assert prometheus_only._engine_time is not None
+    no_split._engine_time = None
     sched = SchedulerStats(
         num_running_reqs=8,
         num_waiting_reqs=2,
         kv_cache_usage=0.4,
         prefix_cache_stats=PrefixCacheStats(requests=1, queries=600, hits=512),
     )
-    print(f"{'us per call':34s} {'prometheus':>11s} {'+otel loop':>11s} {'otel thread':>12s}")
+    print(
+        f"{'us per call':34s} {'prometheus':>11s} {'+otel loop':>11s} {'otel thread':>12s} "
+        f"{'no split':>9s}"
+    )
     for label, finished in (
         ("scheduler step, no finished", 0),
         ("1 finished request", 1),
         ("8 finished requests", 8),
     ):
         it = IterationStats()
+        it.inter_token_latencies_iter = [0.01] * 8  # eight requests decoding
         it.finished_requests = [_finished(i) for i in range(finished)]
         prom, _ = _per_call(prometheus_only, sched, it)
         loop, thread = _per_call(with_otel, sched, it)
-        print(f"{label:34s} {prom * 1e6:11.2f} {loop * 1e6:11.2f} {thread * 1e6:12.2f}")
+        bare, _ = _per_call(no_split, sched, it)
+        print(
+            f"{label:34s} {prom * 1e6:11.2f} {loop * 1e6:11.2f} {thread * 1e6:12.2f} "
+            f"{bare * 1e6:9.2f}"
+        )
 
 
 if __name__ == "__main__":

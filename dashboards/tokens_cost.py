@@ -27,6 +27,9 @@ from stagelens.slo.recording_rules import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     cost_projected_record,
+    gpu_cost_rate_record,
+    per_backend,
+    per_model,
 )
 
 USD_PER_HOUR: Final = "suffix: USD/h"
@@ -67,6 +70,85 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
                 f"below -{drift:g}: billed tokens the engines never counted (estimated cut "
                 "streams). "
                 "StagelensBillingDrift opens a ticket beyond either line.",
+            )
+        )
+    )
+
+
+def _engine_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashboard:
+    """The tenants' GPU cost beside the price table's, and where the engines' time went."""
+    cost = f"{sc.COST_USD}{{{MODEL}, {TENANT}}}"
+    gpu_cost = f"{gpu_cost_rate_record('5m')}{{{WHERE}, {TENANT}}}"
+
+    def rate(name: str) -> str:  # ``{selector}`` left for per_model/per_backend
+        return f"rate({name}{{{{{{selector}}}}}}[{RATE}])"
+
+    engines = f'{WHERE}, {sc.LABEL_MODEL}=~"$model"'
+    tenants = per_model(
+        cfg,
+        rate(sc.ENGINE_SECONDS),
+        "gpus_float",
+        engines=True,
+        where=f"{engines}, {TENANT}",
+    )
+    busy = per_backend(cfg, rate(sc.ENGINE_BUSY_SECONDS), "gpus_float", engines)
+    idle = per_backend(cfg, rate(sc.ENGINE_IDLE_SECONDS), "gpus_float", engines)
+    preempted = per_backend(cfg, rate(sc.ENGINE_PREEMPTED_SECONDS), "gpus_float", engines)
+    all_tenants = per_model(cfg, rate(sc.ENGINE_SECONDS), "gpus_float", engines=True, where=engines)
+    idle_cost = per_backend(cfg, rate(sc.ENGINE_IDLE_SECONDS), "usd_per_engine_second", engines)
+    return (
+        board.with_row(dashboard.Row("Engine time and GPU cost"))
+        .with_panel(
+            timeseries_panel(
+                "GPU cost by tenant, beside the price table",
+                USD_PER_HOUR,
+                [
+                    (f"sum by ({sc.LABEL_TENANT}) ({gpu_cost}) * 3600", "{{tenant}} GPU"),
+                    (
+                        f"sum by ({sc.LABEL_TENANT}) (rate({cost}[{RATE}])) * 3600",
+                        "{{tenant}} price table",
+                    ),
+                ],
+                width=8,
+                description="GPU: each tenant's share of the engines' time (every engine step "
+                "split by the tokens each request computed in it, as the gateway received it "
+                "from vLLM) times its model's GPUs and GPU-hour price (SLO config "
+                f"gpu_prices, else {cfg.gpu_hourly_cost_usd:g} USD for one GPU). Price "
+                "table: what the tenant is billed. The cost alerts compare the "
+                f"{cfg.cost_budget_source.replace('_', ' ')} with the caps.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Engine GPU-seconds by tenant, idle and preempted apart",
+                "suffix: GPUs",
+                [
+                    (f"sum by ({sc.LABEL_TENANT}) (\n{tenants}\n)", "{{tenant}}"),
+                    (f"sum(\n{preempted}\n)", "preempted"),
+                    (
+                        f"clamp_min(sum(\n{busy}\n) - sum(\n{all_tenants}\n) - "
+                        f"sum(\n{preempted}\n), 0)",
+                        "running or unclaimed",
+                    ),
+                    (f"sum(\n{idle}\n)", "idle"),
+                ],
+                stacked=True,
+                width=8,
+                description="The engines' GPUs, busy or idle, by who kept them busy (the vLLM "
+                "plugin's series): the tenants' finished requests; preempted work (tokens "
+                "computed again after a preemption, charged to nobody); requests still "
+                "running or never finished (aborted); idle time. The stack is every GPU of "
+                "every engine, whatever the tenant variable says of the lines.",
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Idle GPU cost by engine",
+                USD_PER_HOUR,
+                [(f"sum by ({sc.LABEL_BACKEND}) (\n{idle_cost}\n) * 3600", "{{backend}}")],
+                width=8,
+                description="What the engines' GPUs cost while no step ran (SLO config "
+                "node_gpu_prices by backend, else the model's price).",
             )
         )
     )
@@ -214,4 +296,4 @@ def tokens_cost(cfg: SloConfig) -> DashboardModel:
             )
         )
     )
-    return _billing_row(cfg, board).build()
+    return _billing_row(cfg, _engine_row(cfg, board)).build()

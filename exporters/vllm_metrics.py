@@ -110,6 +110,27 @@ class EngineMetrics:
             labels,
             registry=registry,
         )
+        self.busy = Counter(
+            sc.ENGINE_BUSY_SECONDS, "Wall time of engine steps.", labels, registry=registry
+        )
+        self.idle = Counter(
+            sc.ENGINE_IDLE_SECONDS,
+            "Engine wall time with no step running.",
+            labels,
+            registry=registry,
+        )
+        self.preempted = Counter(
+            sc.ENGINE_PREEMPTED_SECONDS,
+            "Busy time spent computing again the tokens of preempted requests.",
+            labels,
+            registry=registry,
+        )
+        self.engine_seconds = optional_counter(
+            registry,
+            sc.ENGINE_SECONDS,
+            "Engine seconds attributed to finished requests.",
+            [sc.LABEL_MODEL, sc.LABEL_TENANT],
+        )
         self.phase = Histogram(
             sc.ENGINE_PHASE_DURATION,
             "The engine's own per-request timings (queue, prefill, decode).",

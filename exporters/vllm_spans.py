@@ -19,7 +19,6 @@ from __future__ import annotations
 import atexit
 import collections
 import logging
-import re
 import threading
 import weakref
 from typing import Final
@@ -33,15 +32,13 @@ from stagelens.exporters.vllm_stats import FinishedRequest
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
 from stagelens._version import __version__
+from stagelens.engine_join import read_id, trace_of
 from stagelens.spans.provider import DeferredTracerProvider
 
 logger = logging.getLogger("stagelens.vllm")
 
 ENV_TRACES: Final = "STAGELENS_VLLM_TRACES"
 """Set to ``1`` to emit engine ``queue``/``prefill``/``decode`` spans from the vLLM process."""
-
-_TRACE_IN_ID: Final = re.compile(r"([0-9a-f]{32})-([0-9a-f]{16})")
-"""Request ids minted by stagelens's upstream instrumentation carry ``<trace>-<span>``."""
 
 
 def emit_engine_spans(
@@ -56,14 +53,15 @@ def emit_engine_spans(
     the API server's ``frontend`` time is left as the gap before ``queue`` (most of it is
     prompt rendering and hand-over, before the engine core queues the request).
     """
-    match = _TRACE_IN_ID.search(request.request_id or "")
-    if match is None:
-        return 0  # not a stagelens-minted id: nothing to join
+    found = read_id(request.request_id)
+    ids = trace_of(found[0]) if found is not None else None
+    if ids is None:
+        return 0  # not a stagelens-minted id, or one that names no trace: nothing to join
     parent = trace.set_span_in_context(
         trace.NonRecordingSpan(
             trace.SpanContext(
-                trace_id=int(match.group(1), 16),
-                span_id=int(match.group(2), 16),
+                trace_id=ids[0],
+                span_id=ids[1],
                 is_remote=True,
                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
             )

@@ -3,18 +3,22 @@ entry point), exporting KV-cache and engine signals.
 
 vLLM loads it as soon as stagelens is installed next to it (``STAGELENS_VLLM_PLUGIN=0``
 turns it off). Per engine and model it exports the prefix-cache lookups and hits (tokens),
-KV-cache usage, running and waiting requests, preemptions, and each finished request's
-queue/prefill/decode time (plus the API server's ``frontend`` share of vLLM's e2e latency).
+KV-cache usage, running and waiting requests, preemptions, each finished request's
+queue/prefill/decode time (plus the API server's ``frontend`` share of vLLM's e2e latency),
+and the engine's time: busy, idle and preempted seconds, and each finished request's share
+by tenant (``vllm_engine_time``).
 
 The shape is vLLM's own ``v1/metrics``: the stats are read into plain data by one adapter
 (``vllm_stats``, like vLLM's ``stats.py``), and this logger only hands them to the
-exporters: the metrics (``vllm_metrics``: vLLM's ``/metrics``, and OTLP when asked) and
-the engine spans (``vllm_spans``, ``STAGELENS_VLLM_TRACES=1``).
+exporters: the metrics (``vllm_metrics``: vLLM's ``/metrics``, and OTLP when asked), the
+engine's time (``vllm_engine_time``) and the engine spans (``vllm_spans``,
+``STAGELENS_VLLM_TRACES=1``).
 
 ``record()`` runs on vLLM's output-handling event loop and does O(1) work per scheduler
-step plus O(1) per finished request: pre-bound metric children and pre-built OTel attribute
-dicts, no I/O, no locks held across awaits. OTLP export and span building run in threads
-of their own. A failure is counted and logged once, never raised into the engine.
+step plus O(log N) per finished request (N: the engine-time ring, about the context length
+in steps): pre-bound metric children and pre-built OTel attribute dicts, no I/O, no locks
+held across awaits. OTLP export and span building run in threads of their own. A failure
+is counted and logged once, never raised into the engine.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Final
 
 from opentelemetry.metrics import MeterProvider
 from prometheus_client import REGISTRY, CollectorRegistry
+from stagelens.exporters.vllm_engine_time import EngineTime
 from stagelens.exporters.vllm_metrics import (
     ENV_GPU_COLLECTOR,
     OtelSeries,
@@ -89,6 +94,7 @@ class StageLensStatLogger(StatLoggerBase):
         self.backend = os.environ.get(ENV_BACKEND) or f"{socket.gethostname()}/engine{engine_index}"
         self._spans: EngineSpans | None = None
         self._otel: OtelSeries | None = None
+        self._engine_time: EngineTime | None = None
         if not self.enabled:
             return
         registry = registry if registry is not None else REGISTRY
@@ -118,6 +124,10 @@ class StageLensStatLogger(StatLoggerBase):
             m.errors.report(sc.COMPONENT_VLLM_OTLP_METRICS, exc, "vLLM plugin: OTLP metrics off")
         if env_flag(ENV_GPU_COLLECTOR, False):
             register_gpu_collector_once(registry, m.errors)
+        try:
+            self._engine_time = EngineTime(vllm_config, m, self.backend, self.model)
+        except Exception as exc:  # an unexpected config: the other metrics stay
+            m.errors.report(sc.COMPONENT_VLLM_PLUGIN, exc, "vLLM plugin: engine time off")
 
     def record(
         self,
@@ -155,6 +165,8 @@ class StageLensStatLogger(StatLoggerBase):
                 if self._spans is not None and it.finished:
                     ended = float(getattr(iteration_stats, "iteration_timestamp", time.time()))
                     self._spans.submit(self.model, ended, it.finished)
+            if self._engine_time is not None and (s is not None or it is not None):
+                self._engine_time.record(s, it)
             if self._otel is not None:
                 self._otel.submit((self._otel, s, it))
         except Exception as exc:

@@ -41,13 +41,18 @@ def _read(obj: Any, name: str, default: Any, where: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSample:
-    """One scheduler step: queue depths, KV-cache use, prefix-cache lookups."""
+    """One scheduler step: queue depths, KV-cache use, prefix-cache lookups (of requests
+    admitted in the step, and of requests resumed after preemption)."""
 
     running: int
     waiting: int
     kv_cache_usage: float
     prefix_queries: int
     prefix_hits: int
+    resumed_queries: int = 0
+    resumed_hits: int = 0
+    prefill_tokens: int | None = None
+    """Prompt tokens the step ran (vLLM's iteration details, when they are sent)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,32 +79,50 @@ class FinishedRequest:
     prompt_tokens: int
     generation_tokens: int
     cached_tokens: int
+    preemptions: int = 0
 
 
 @dataclass(slots=True)
 class IterationSample:
-    """One engine iteration: preemptions and the requests that finished in it."""
+    """One engine iteration: preemptions, its outputs (decodes, first tokens and the prompt
+    tokens of the prefills they complete) and the requests that finished in it."""
 
     preemptions: int = 0
     finished: list[FinishedRequest] = field(default_factory=list)
+    decodes: int = 0
+    first_tokens: int = 0
+    prompt_computed: int = 0
 
 
 def read_scheduler(stats: Any) -> SchedulerSample:
     """Read a vLLM ``SchedulerStats``."""
     prefix = _read(stats, "prefix_cache_stats", None, "SchedulerStats")
+    details = _read(stats, "iteration_details", None, "SchedulerStats")
+    where = "PrefixCacheStats"
     return SchedulerSample(
         running=int(_read(stats, "num_running_reqs", 0, "SchedulerStats")),
         waiting=int(_read(stats, "num_waiting_reqs", 0, "SchedulerStats")),
         kv_cache_usage=float(_read(stats, "kv_cache_usage", 0.0, "SchedulerStats")),
-        prefix_queries=int(_read(prefix, "queries", 0, "PrefixCacheStats")) if prefix else 0,
-        prefix_hits=int(_read(prefix, "hits", 0, "PrefixCacheStats")) if prefix else 0,
+        prefix_queries=int(_read(prefix, "queries", 0, where)) if prefix else 0,
+        prefix_hits=int(_read(prefix, "hits", 0, where)) if prefix else 0,
+        resumed_queries=int(_read(prefix, "preempted_queries", 0, where)) if prefix else 0,
+        resumed_hits=int(_read(prefix, "preempted_hits", 0, where)) if prefix else 0,
+        prefill_tokens=(
+            None
+            if details is None
+            else int(_read(details, "num_ctx_tokens", 0, "SchedulerIterationDetails"))
+        ),
     )
 
 
 def read_iteration(stats: Any) -> IterationSample:
     """Read a vLLM ``IterationStats`` and its ``FinishedRequestStats``."""
+    prompt = _read(stats, "prompt_token_stats", None, "IterationStats")
     sample = IterationSample(
-        preemptions=int(_read(stats, "num_preempted_reqs", 0, "IterationStats"))
+        preemptions=int(_read(stats, "num_preempted_reqs", 0, "IterationStats")),
+        decodes=len(_read(stats, "inter_token_latencies_iter", (), "IterationStats")),
+        first_tokens=len(_read(stats, "time_to_first_tokens_iter", (), "IterationStats")),
+        prompt_computed=int(_read(prompt, "computed", 0, "PromptTokenStats")) if prompt else 0,
     )
     for finished in _read(stats, "finished_requests", (), "IterationStats"):
         where = "FinishedRequestStats"
@@ -120,6 +143,7 @@ def read_iteration(stats: Any) -> IterationSample:
                 prompt_tokens=int(_read(finished, "num_prompt_tokens", 0, where)),
                 generation_tokens=int(_read(finished, "num_generation_tokens", 0, where)),
                 cached_tokens=int(_read(finished, "num_cached_tokens", 0, where)),
+                preemptions=int(_read(finished, "num_preemptions", 0, where)),
             )
         )
     return sample

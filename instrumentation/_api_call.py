@@ -42,6 +42,7 @@ from stagelens.instrumentation._upstream import _UpstreamCall
 
 from stagelens import semconv as sc
 from stagelens._plain import plain
+from stagelens.engine_join import COMMENT_PREFIX, read_engine_comment
 from stagelens.pricing import Usage
 from stagelens.request import RequestState
 from stagelens.telemetry import Telemetry
@@ -119,6 +120,8 @@ class ApiCall(_UpstreamCall):
         them), one whose name says nothing the reader uses not at all, any other parsed."""
         if self._passing:
             return chunk
+        if not self._partial and chunk.startswith(COMMENT_PREFIX):
+            chunk = self._take_comment(chunk)
         skip = _NAMES and self._fast
         if skip and not self._partial and type(chunk) is bytes and chunk.startswith(b"event:"):
             # Shortcut: a chunk of one event whose name says nothing the reader uses is
@@ -157,6 +160,23 @@ class ApiCall(_UpstreamCall):
             self.stop_reading()
         return chunk
 
+    def _take_comment(self, chunk: bytes) -> bytes:
+        """Read the engine's comment (the vLLM server's stagelens middleware sends it as a
+        body of its own, between two events) that begins ``chunk`` and remove it from what
+        the app reads, as the chat reader does: the app reads the bytes vLLM wrote."""
+        end = chunk.find(b"\n\n")
+        if end < 0:
+            return chunk  # cut: read when its event is complete, and passed on
+        try:
+            found = read_engine_comment(bytes(chunk[:end]))
+        except Exception as exc:  # never the app's problem
+            self._report(sc.COMPONENT_UPSTREAM, exc)
+            return chunk
+        if found is None:
+            return chunk
+        self.take_engine(found)
+        return chunk[end + 2 :]
+
     def _read_event(self, event: bytes, payload: bytes | None, skip: bool) -> None:
         """Read one complete event: ``event`` its lines without the blank line ending it,
         ``payload`` its data (None: found here)."""
@@ -173,6 +193,11 @@ class ApiCall(_UpstreamCall):
         if payload is None:
             payload = data_of(event)
             if payload is None:
+                # A comment: the engine's share where it is one (passed on, as any comment
+                # after an event in the same chunk: a client's SSE reader skips it).
+                found = read_engine_comment(event)
+                if found is not None:
+                    self.take_engine(found)
                 return
         facts = self._parse_named(name, payload)
         if facts is None:

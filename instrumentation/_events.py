@@ -12,8 +12,10 @@ content event from its bytes; anything else is parsed by ``_openai``):
   of a stream whose usage does not say them);
 - the usage, finish reasons, response id and engine timings are taken, an error event is
   a failure after the headers, ``[DONE]`` and the usage event end the stream;
-- the usage event stagelens asked for (the app did not) is removed: the app reads every
-  other byte as it came. An incomplete event is held back for the next chunk only then.
+- the usage event stagelens asked for (the app did not) is removed, and so is the vLLM
+  server's comment with the request's engine time (``stagelens.engine_join``), which
+  stagelens asked for with its request id: the app reads every other byte as it came. An
+  incomplete event is held back for the next chunk only while removing the usage event.
 
 Bytes never depend on the reading: whatever an event contains, the app gets the same
 bytes (property-tested with arbitrary bytes and chunkings).
@@ -29,6 +31,7 @@ from stagelens.instrumentation._sse import Event, content_keys, is_done, output_
 
 from stagelens import semconv as sc
 from stagelens._plain import plain
+from stagelens.engine_join import COMMENT_PREFIX, read_engine_comment
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts
 
@@ -51,6 +54,7 @@ class EventReader:
         "_answered",
         "_asked_usage",
         "_ended",
+        "_engine_share",
         "_failure",
         "_fast",
         "_finish_reasons",
@@ -134,6 +138,8 @@ class EventReader:
         """A whole content event may be read from its bytes (one choice)."""
         self._ended = False
         """The stream's last event arrived ([DONE], a finish reason or the usage event)."""
+        self._engine_share: tuple[float, int] | None = None
+        """(seconds, GPUs): the request's share of the engine's time, as the server said."""
         self._failure: str | None = None
         """``error.type`` of a failure after the response headers."""
         self._usage: Usage | None = None
@@ -249,8 +255,15 @@ class EventReader:
     def _read_events(self, events: list[Event], data: bytes, chunk: bytes, end: int) -> bytes:
         """Read complete events; return what the app reads now."""
         dropped: list[tuple[int, int]] = []
+        sent = 0 if self._strip else len(data) - len(chunk)  # handed over with earlier chunks
         for start, stop, payload in events:
             if payload is None:
+                if data.startswith(COMMENT_PREFIX, start):
+                    found = read_engine_comment(data[start:stop])
+                    if found is not None:
+                        self.take_engine(found)
+                        if start >= sent:
+                            dropped.append((start, stop))
                 continue
             if (
                 _OUTPUT_BYTES
@@ -276,7 +289,14 @@ class EventReader:
             if self._strip and facts.usage_only:
                 dropped.append((start, stop))
         if not self._strip:
-            return chunk
+            if not dropped:
+                return chunk
+            kept, at = [], sent
+            for start, stop in dropped:
+                kept.append(data[at:start])
+                at = stop
+            kept.append(data[at:])  # not stripping: an incomplete rest is not held back
+            return b"".join(kept)
         if not dropped:
             return chunk if data is chunk and end == len(data) else data[:end]
         kept, at = [], 0
@@ -371,6 +391,16 @@ class EventReader:
         if self._recording and self._response_id is None:
             self._response_id = facts.id
 
+    def take_engine(self, share: tuple[float, int]) -> None:
+        """Take the server's (seconds, GPUs) for the call, and add it to the request's at
+        once: the app may bill before the call ends (at the usage event)."""
+        if self._engine_share is not None:
+            return  # said once a call; a repeat is no second share
+        self._engine_share = share
+        inference = self._inference
+        if inference is not None:
+            inference.engine_seconds = (inference.engine_seconds or 0.0) + share[0]
+
     def read_plainly(self) -> None:
         """Make this reader its plain twin: from now on every chunk is split into events
         and every event parsed, none read from its bytes (what a stream of several choices
@@ -398,8 +428,11 @@ class EventReader:
         partial, self._partial = self._partial, b""
         if partial.strip():
             events, _ = split_events(partial + b"\n\n")
-            for _, _, payload in events:
+            for start, stop, payload in events:
                 if payload is None:
+                    found = read_engine_comment(partial[start:stop])
+                    if found is not None:
+                        self.take_engine(found)
                     continue
                 if is_done(payload):
                     self._ended = True

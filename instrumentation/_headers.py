@@ -13,6 +13,7 @@ and baggage (property tests in tests/instrumentation/test_compat_httpx.py).
 
 from __future__ import annotations
 
+import random
 from operator import itemgetter
 from typing import Final
 
@@ -26,9 +27,11 @@ from stagelens.instrumentation._suppress import current_context
 
 from stagelens import _compat
 from stagelens import semconv as sc
+from stagelens.engine_join import minted_id
 
 REQUEST_ID_KEY: Final = sc.HEADER_REQUEST_ID.lower().encode("ascii")
 CONTENT_TYPE_KEY: Final = b"content-type"
+ENGINE_KEY: Final = sc.HEADER_ENGINE_SECONDS.lower().encode("ascii")
 
 _ENTRY_KEY: Final = itemgetter(1)
 """The lower-cased name of one of httpx's header entries (name, lower name, value)."""
@@ -166,10 +169,17 @@ def _inject_w3c(
         baggage_propagator.inject(carrier, context=context)
 
 
-def _request_id_of(span_context: trace.SpanContext) -> str:
-    """``<trace-id>-<span-id>`` of the recorded inference span: the engine side (the vLLM
-    plugin) joins its spans to this trace from the request id alone."""
-    return "%032x-%016x" % (span_context.trace_id, span_context.span_id)  # noqa: UP031
+_random64: Final = random.getrandbits
+"""Random bits for the id of a call whose trace is not recorded (unique, not secret)."""
+
+
+def _request_id_of(span_context: trace.SpanContext | None, tenant: str | None) -> str:
+    """``<trace-id>-<span-id>`` of the recorded and sampled inference span, through which
+    the engine side (the vLLM plugin) joins its spans to this trace; ``0...0-<random>`` for
+    any other call (its answer finds it by the id, no trace is named); then the tenant."""
+    if span_context is None:
+        return minted_id(0, _random64(64), tenant)
+    return minted_id(span_context.trace_id, span_context.span_id, tenant)
 
 
 _SPAN_KEY: Final = _compat.span_key()
@@ -183,18 +193,18 @@ def _current_span_context(context: Context) -> trace.SpanContext:
     return current.get_span_context()
 
 
-def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bool) -> str | None:
+def add_upstream_headers(
+    request: httpx.Request, span: trace.Span, recording: bool, tenant: str | None = None
+) -> str:
     """Add the trace context of ``span`` (the current context when it is not recorded) to
-    ``request``, and ``X-Request-Id`` naming ``span`` when it is recorded and the app set
-    none; return the request id sent (the app's own, or the one minted), None when none is.
-    A span recorded but not sampled (the tail sampler, before the request's end decides)
-    gets no id either: the engine's spans would name a trace that may be dropped.
+    ``request``, and ``X-Request-Id`` when the app set none: naming ``span`` when it is
+    recorded and sampled, a random key else (a span recorded but not sampled, under the tail
+    sampler before the request's end decides, names no trace: the engine's spans would name
+    a trace that may be dropped), then ``tenant`` (the bounded label). Return the id sent.
 
-    Why no id for a span that is not recorded: the id is what joins the engine's side of a
-    request to its trace, and an unrecorded trace has nothing to join; a random id would be
-    recorded nowhere, and each added header costs httpx and h11 work on every request
-    (their header validation and the cookie jar's re-reading of every header). vLLM then
-    names the request itself, as it does for any client.
+    Why an id on every call: the vLLM server answers a stagelens id with the request's
+    share of the engine's time (``stagelens.engine_join``), and the plugin there counts
+    that share by the tenant the id carries. vLLM uses the id as its own request id.
 
     With the default propagators the span context is read once, from the span itself when
     it is recorded (no context built around it) and from the current context otherwise.
@@ -207,18 +217,20 @@ def add_upstream_headers(request: httpx.Request, span: trace.Span, recording: bo
     added: dict[str, str] = {}
     baggage_propagator = _default_baggage_propagator()
     if baggage_propagator is None:  # other propagators: called as they are
-        if recording and request_id is None:
-            span_context = span.get_span_context()
-            if span_context.trace_flags.sampled:
-                request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context)
+        if request_id is None:
+            span_context = span.get_span_context() if recording else None
+            if span_context is not None and not span_context.trace_flags.sampled:
+                span_context = None
+            request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context, tenant)
         _inject(added, trace.set_span_in_context(span) if recording else None)
     else:
         context = current_context()  # the span's, but for the span: baggage is read from it
         span_context = span.get_span_context() if recording else _current_span_context(context)
         # Recorded but not sampled (the tail sampler's decision still pending): the engine
         # side would export spans for a trace that may be dropped, so no id names it.
-        if recording and request_id is None and span_context.trace_flags.sampled:
-            request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(span_context)
+        if request_id is None:
+            named = span_context if recording and span_context.trace_flags.sampled else None
+            request_id = added[sc.HEADER_REQUEST_ID] = _request_id_of(named, tenant)
         _inject_w3c(added, span_context, context, baggage_propagator)
     _add_headers(headers, added, present)
     return request_id

@@ -45,6 +45,7 @@ from stagelens.instrumentation._call_state import (
 from stagelens.instrumentation._events import EventReader
 from stagelens.instrumentation._headers import (
     CONTENT_TYPE_KEY,
+    ENGINE_KEY,
     REQUEST_ID_KEY,
     add_upstream_headers,
     header_value,
@@ -53,6 +54,7 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context
 
 from stagelens import semconv as sc
+from stagelens.engine_join import NO_TRACE, read_engine_value
 from stagelens.metrics.genai_call import GenAICall
 from stagelens.metrics.record import LoneRecord, PhaseTimes, StageTimes
 from stagelens.pricing import Usage
@@ -196,10 +198,14 @@ class _UpstreamCall(EventReader):
             # Ask for the usage event (billing needs it) and remove it from what the app
             # reads, which is then byte for byte what it would read without stagelens.
             self._asked_usage = ask_for_usage(request, payload)
-        request_id = add_upstream_headers(request, propagated, recording)
+        tenant = state.tenant if state is not None else None
+        request_id = add_upstream_headers(
+            request, propagated, recording, telemetry.tenants.label(tenant) if tenant else None
+        )
         if state is not None:
             state.request_id = request_id
-        if recording and request_id is not None:
+        # A key naming no trace does not make a span not made yet (LATER) for its sake.
+        if recording and not (later and request_id.startswith(NO_TRACE)):
             self._recorded().set_attribute(sc.ATTR_REQUEST_ID, request_id)
         self._payload = payload
         self._t0 = time.perf_counter()
@@ -231,6 +237,13 @@ class _UpstreamCall(EventReader):
         if status < 400 and self._asked_usage:
             content_type = header_value(response.headers, CONTENT_TYPE_KEY) or ""
             self._strip = content_type.startswith("text/event-stream")
+        if status < 400 and not self.stream:  # a stream says it in a comment
+            try:
+                share = read_engine_value(header_value(response.headers, ENGINE_KEY))
+                if share is not None:
+                    self.take_engine(share)
+            except Exception as exc:  # never the app's problem
+                self._report(sc.COMPONENT_UPSTREAM, exc)
         span = self.span
         if self._span_later:  # undecided (LATER, or a DeferredSpan)
             if status < 400:
@@ -567,6 +580,11 @@ class _UpstreamCall(EventReader):
             attributes[sc.GEN_AI_EMBEDDINGS_DIMENSION_COUNT] = self._dimensions
         if estimated is True or estimated == sc.BILLING_ESTIMATED:
             attributes[sc.ATTR_USAGE_ESTIMATED] = True
+        if self._engine_share is not None:
+            seconds, gpus = self._engine_share
+            attributes[sc.ATTR_ENGINE_SECONDS] = seconds
+            if gpus:
+                attributes[sc.ATTR_ENGINE_GPU_SECONDS] = seconds * gpus
         span.set_attributes(attributes)
         if error is not None:
             # ClientDisconnected's message is stagelens' own: it says what happened.

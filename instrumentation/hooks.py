@@ -416,6 +416,7 @@ def bill() -> float | None:
         model = state.model_label
         tenant = telemetry.tenants.label(state.tenant)
         cost = telemetry.prices.cost(model, usage)
+        inference = state.inference
         # Counted with the request's other figures when it ends (see Fold.submit).
         state.billing = BillingRecord(
             tenant,
@@ -425,6 +426,7 @@ def bill() -> float | None:
             cost,
             usage.reasoning_output_tokens,
             usage.cache_write_input_tokens,
+            inference.engine_seconds if inference is not None else None,
         )
         state.cost_usd = cost
         if state.recording:

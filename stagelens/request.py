@@ -192,6 +192,7 @@ class InferenceFacts:
     __slots__ = (
         "calls",
         "choices",
+        "engine_seconds",
         "estimated",
         "failure",
         "first_answer",
@@ -227,6 +228,9 @@ class InferenceFacts:
         self.upstream_ttft: float | None = None
         """Seconds from sending the first streamed call that produced output to its first
         output-bearing event (``stagelens_upstream_time_to_first_token_seconds``)."""
+        self.engine_seconds: float | None = None
+        """The calls' shares of the engine's time, as the vLLM server reported them (None
+        when none did: ``docs/engine-seconds.md``)."""
 
 
 current_request: Final[Callable[[], RequestState | None]] = _CURRENT.get

@@ -179,8 +179,13 @@ SPAN_ENGINE_DECODE: Final = "decode"
 HEADER_REQUEST_ID: Final = "x-request-id"
 """Request id sent to the vLLM server, which uses it as its own request id: the app's own,
 else ``<trace-id>-<span-id>`` of a recorded inference span (the engine side joins the trace
-by it); none is minted for a call whose trace is sampled out, or not yet kept (the tail
-sampler decides at the request's end: ``docs/tail-sampling.md``)."""
+by it), or ``0...0-<random>`` for a call whose trace is sampled out or not yet kept (the
+tail sampler decides at the request's end: ``docs/tail-sampling.md``); then ``~<tenant>``,
+the bounded tenant label, when the request has one (``docs/engine-seconds.md``)."""
+HEADER_ENGINE_SECONDS: Final = "x-stagelens-engine"
+"""Response header (and, in a stream, SSE comment ``: x-stagelens-engine ...``) the vLLM
+server's stagelens middleware adds for a stagelens request id: ``seconds=S; gpus=N``, the
+request's share of the engine's time and the GPUs the engine holds."""
 
 # --------------------------------------------------------------------------------------
 # Prometheus metrics (exposed names) and labels
@@ -237,91 +242,8 @@ ENGINE_REQUESTS_WAITING: Final = "stagelens_engine_requests_waiting"
 """Gauge {backend, model}: requests waiting in the engine's queue (scheduler stats)."""
 ENGINE_PREEMPTIONS: Final = "stagelens_engine_preemptions_total"
 """Counter {backend, model}: requests preempted by the scheduler."""
-GPU_UTILIZATION: Final = "stagelens_gpu_utilization_ratio"
-"""Gauge {gpu, uuid, name}: NVML fraction of time a kernel ran (liveness, not load)."""
-GPU_SM_ACTIVE: Final = "stagelens_gpu_sm_active_ratio"
-"""Gauge {gpu, uuid, name}: NVML GPM SM activity, where supported."""
-GPU_MEMORY_USED: Final = "stagelens_gpu_memory_used_bytes"
-"""Gauge {gpu, uuid, name}: framebuffer in use."""
-GPU_MEMORY_TOTAL: Final = "stagelens_gpu_memory_total_bytes"
-"""Gauge {gpu, uuid, name}: framebuffer size."""
-GPU_POWER: Final = "stagelens_gpu_power_watts"
-"""Gauge {gpu, uuid, name}: board power."""
-GPU_ENERGY: Final = "stagelens_gpu_energy_joules_total"
-"""Counter {gpu, uuid, name}: energy since driver load."""
-GPU_TEMPERATURE: Final = "stagelens_gpu_temperature_celsius"
-"""Gauge {gpu, uuid, name}: core temperature."""
-GPU_COLLECTOR_UP: Final = "stagelens_gpu_collector_up"
-"""Gauge: 1 when NVML answered on the last scrape, else 0."""
-GPU_SM_CLOCK: Final = "stagelens_gpu_sm_clock_hertz"
-"""Gauge {gpu, uuid, name}: current SM clock (NVML MHz converted to Hz)."""
-GPU_CLOCK_EVENT_REASONS: Final = "stagelens_gpu_clock_event_reasons"
-"""Gauge {gpu, uuid, name}: NVML clock-event (throttle) reasons bitmask (0x1 idle, 0x4 SW cap)."""
-GPU_PROCESS_MEMORY_USED: Final = "stagelens_gpu_process_memory_used_bytes"
-"""Gauge {gpu, uuid, name, pid, process}: framebuffer used by one compute process."""
-GPU_COST_PER_HOUR: Final = "stagelens_gpu_cost_usd_per_hour"
-"""Gauge {gpu, uuid, name}: configured price of one GPU-hour (STAGELENS_GPU_COST_USD_PER_HOUR)."""
-LABEL_PID: Final = "pid"
-"""Operating-system process id."""
-LABEL_PROCESS: Final = "process"
-"""Executable basename of a GPU compute process as NVML names it (``""`` when unknown);
-bounded: one value per ``pid`` series."""
+from stagelens.semconv_gpu import *  # noqa: E402, F403 (the GPU names, in their place)
 
-# OpenTelemetry hardware semantic conventions (``hw.*``) for the OTel GPU variant. Spelled
-# here because opentelemetry-semantic-conventions only has them in its ``_incubating`` modules
-# and not in every version we allow; tests/exporters/test_gpu_otel.py checks they match.
-HW_GPU_UTILIZATION: Final = "hw.gpu.utilization"
-"""OTel gauge, unit ``1``: fraction of time the GPU spent in a task (NVML util.gpu)."""
-HW_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"
-"""OTel up-down counter, unit ``By``: GPU memory used."""
-HW_GPU_MEMORY_LIMIT: Final = "hw.gpu.memory.limit"
-"""OTel up-down counter, unit ``By``: GPU memory size."""
-HW_GPU_MEMORY_UTILIZATION: Final = "hw.gpu.memory.utilization"
-"""OTel gauge, unit ``1``: fraction of GPU memory used."""
-HW_POWER: Final = "hw.power"
-"""OTel gauge, unit ``W``: instantaneous power of the component."""
-HW_ENERGY: Final = "hw.energy"
-"""OTel counter, unit ``J``: energy consumed by the component."""
-HW_TEMPERATURE: Final = "hw.temperature"
-"""OTel gauge, unit ``Cel``: temperature of a sensor."""
-ATTR_HW_ID: Final = "hw.id"
-"""Hardware component id, unique on the host: the GPU UUID (sensor: ``<uuid>/temperature``)."""
-ATTR_HW_NAME: Final = "hw.name"
-"""Recognisable component name: ``gpu<index>`` (the Prometheus ``gpu`` label, prefixed)."""
-ATTR_HW_MODEL: Final = "hw.model"
-"""Descriptive model name: the NVML product name (the Prometheus ``name`` label)."""
-ATTR_HW_VENDOR: Final = "hw.vendor"
-"""Component vendor: ``NVIDIA``."""
-ATTR_HW_TYPE: Final = "hw.type"
-"""Component type: ``gpu`` (``temperature`` for the temperature sensor)."""
-ATTR_HW_PARENT: Final = "hw.parent"
-"""Parent component id: the GPU UUID on its temperature sensor."""
-ATTR_HW_GPU_TASK: Final = "hw.gpu.task"
-"""GPU task of ``hw.gpu.utilization``: ``general`` for NVML util.gpu."""
-ATTR_PROCESS_PID: Final = "process.pid"
-"""OTel process id attribute on per-process GPU memory."""
-ATTR_PROCESS_EXECUTABLE_NAME: Final = "process.executable.name"
-"""OTel executable name attribute on per-process GPU memory (NVML's name, basename)."""
-HW_TYPE_GPU: Final = "gpu"
-"""``hw.type`` value for a GPU."""
-HW_TYPE_TEMPERATURE: Final = "temperature"
-"""``hw.type`` value for a temperature sensor."""
-HW_GPU_TASK_GENERAL: Final = "general"
-"""``hw.gpu.task`` value for general (compute/graphics) work."""
-HW_VENDOR_NVIDIA: Final = "NVIDIA"
-"""``hw.vendor`` value for NVML GPUs."""
-OTEL_GPU_SM_ACTIVE: Final = "stagelens.gpu.sm.activity"
-"""OTel gauge, unit ``1``: GPM SM activity (no ``hw.*`` name exists for it)."""
-OTEL_GPU_SM_CLOCK: Final = "stagelens.gpu.sm.clock"
-"""OTel gauge, unit ``Hz``: current SM clock."""
-OTEL_GPU_CLOCK_EVENT_REASONS: Final = "stagelens.gpu.clock_event_reasons"
-"""OTel gauge, unit ``1``: NVML clock-event (throttle) reasons bitmask."""
-OTEL_GPU_PROCESS_MEMORY_USAGE: Final = "stagelens.gpu.process.memory.usage"
-"""OTel gauge, unit ``By``: GPU memory used by one compute process."""
-OTEL_GPU_COST_PER_HOUR: Final = "stagelens.gpu.cost_per_hour"
-"""OTel gauge, unit ``USD/h``: configured price of one GPU-hour."""
-OTEL_GPU_COLLECTOR_UP: Final = "stagelens.gpu.collector.up"
-"""OTel gauge, unit ``1``: 1 when NVML answered on the last collection, else 0."""
 COMPONENT_NVML: Final = "nvml"
 """``component`` label value: an unexpected (non-NVML) failure while reading the GPUs."""
 COMPONENT_UPSTREAM: Final = "upstream"
@@ -488,33 +410,7 @@ ALERT_COST_BUDGET_BURN: Final = "StagelensCostBudgetBurn"
 # --------------------------------------------------------------------------------------
 # Foreign metrics the dashboards read as fallbacks (emitted by vLLM and by NVIDIA DCGM)
 # --------------------------------------------------------------------------------------
-VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
-"""vLLM: prefix-cache hits in tokens."""
-VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
-"""vLLM: prefix-cache queries in tokens."""
-VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
-"""vLLM: KV-cache usage, 0-1 despite the name."""
-VLLM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
-"""vLLM: requests in the running batch."""
-VLLM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
-"""vLLM: requests waiting to be scheduled."""
-VLLM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
-"""vLLM: cumulative preemptions."""
-VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
-"""vLLM: output tokens the engine generated, counted as they are generated: an aborted
-request's tokens are in it too (measured: a disconnect storm shows as positive billing drift)."""
-VLLM_MODEL_NAME: Final = "model_name"
-"""vLLM's label for the served model name (stagelens says ``model``)."""
-DCGM_UUID: Final = "UUID"
-"""DCGM exporter's label for the GPU UUID (stagelens says ``uuid``)."""
-DCGM_GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
-"""DCGM: GPU utilisation in percent."""
-DCGM_SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
-"""DCGM: SM activity, 0-1."""
-DCGM_FB_USED: Final = "DCGM_FI_DEV_FB_USED"
-"""DCGM: framebuffer used, MiB."""
-DCGM_POWER: Final = "DCGM_FI_DEV_POWER_USAGE"
-"""DCGM: board power, watts."""
+from stagelens.semconv_foreign import *  # noqa: E402, F403 (foreign names, in their place)
 
 # --------------------------------------------------------------------------------------
 # vLLM plugin: engine phase beyond the contract's three, error components, OTel metrics
@@ -699,6 +595,25 @@ GEN_AI_REQUEST_REASONING_LEVEL: Final = "gen_ai.request.reasoning.level"
 ``reasoning_effort``, the Responses API's ``reasoning.effort``, the Messages API's
 ``output_config.effort``, or ``none`` for its ``thinking`` disabled); absent when it asked none."""
 
+# Engine time per request: each engine step's time split among its requests by
+# the tokens each computed in it (``exporters/engine_ledger.py``, docs/engine-seconds.md).
+ENGINE_SECONDS: Final = "stagelens_engine_seconds_total"
+"""Counter {model, tenant}: engine seconds attributed to finished requests (the gateway: as
+the engine reported each request's share; the vLLM plugin: every finished request, tenant
+from its request id)."""
+ENGINE_BUSY_SECONDS: Final = "stagelens_engine_busy_seconds_total"
+"""Counter {backend, model}: wall time of engine steps (the requests' shares, preempted
+work, and what no finished request claims: requests still running or aborted)."""
+ENGINE_IDLE_SECONDS: Final = "stagelens_engine_idle_seconds_total"
+"""Counter {backend, model}: engine wall time with no step running (counted a few seconds
+late while it lasts)."""
+ENGINE_PREEMPTED_SECONDS: Final = "stagelens_engine_preempted_seconds_total"
+"""Counter {backend, model}: busy time spent computing again the tokens of requests resumed
+after preemption: a part of busy time no request is charged for."""
+ATTR_ENGINE_SECONDS: Final = "stagelens.engine.seconds"
+"""Inference span: the request's share of the engine's time, seconds."""
+ATTR_ENGINE_GPU_SECONDS: Final = "stagelens.engine.gpu_seconds"
+"""Inference span: that share times the GPUs the engine holds (absent on a CPU engine)."""
 # A process that is one of several workers of one server while nothing adds their metrics
 # up (``PROMETHEUS_MULTIPROC_DIR`` unset): ``stagelens/prefork.py`` finds them.
 METRICS_SPLIT: Final = "stagelens_metrics_split_info"

@@ -164,6 +164,16 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(sc.ENGINE_REQUESTS_RUNNING, "gauge", "requests", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.ENGINE_REQUESTS_WAITING, "gauge", "requests", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.ENGINE_PREEMPTIONS, "counter", "preemptions", _ENGINE_LABELS, _PLUGIN),
+    MetricSpec(
+        sc.ENGINE_SECONDS,
+        "counter",
+        "seconds",
+        (sc.LABEL_MODEL, sc.LABEL_TENANT),
+        (GATEWAY, VLLM_PLUGIN),
+    ),
+    MetricSpec(sc.ENGINE_BUSY_SECONDS, "counter", "seconds", _ENGINE_LABELS, _PLUGIN),
+    MetricSpec(sc.ENGINE_IDLE_SECONDS, "counter", "seconds", _ENGINE_LABELS, _PLUGIN),
+    MetricSpec(sc.ENGINE_PREEMPTED_SECONDS, "counter", "seconds", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.GPU_COLLECTOR_UP, "gauge", "1 or 0", (), _GPU),
     MetricSpec(sc.GPU_UTILIZATION, "gauge", "ratio", _GPU_LABELS, _GPU),
     MetricSpec(sc.GPU_SM_ACTIVE, "gauge", "ratio", _GPU_LABELS, _GPU),
@@ -345,6 +355,8 @@ ATTRIBUTES: Final[tuple[AttributeSpec, ...]] = (
     AttributeSpec(sc.ATTR_TTFAT, "double", "s"),
     AttributeSpec(sc.GEN_AI_USAGE_CACHE_WRITE_INPUT_TOKENS, "int", "{token}"),
     AttributeSpec(sc.GEN_AI_REQUEST_REASONING_LEVEL, "string"),
+    AttributeSpec(sc.ATTR_ENGINE_SECONDS, "double", "s"),
+    AttributeSpec(sc.ATTR_ENGINE_GPU_SECONDS, "double", "s"),
 )
 """Every attribute key on spans or OpenTelemetry metrics, with its value type and unit."""
 
@@ -428,6 +440,8 @@ SPANS: Final[tuple[SpanSpec, ...]] = (
             sc.ATTR_VLLM_REQUEST_ID,
             sc.ATTR_STREAM_CLOSED_EARLY,
             sc.ATTR_USAGE_ESTIMATED,
+            sc.ATTR_ENGINE_SECONDS,
+            sc.ATTR_ENGINE_GPU_SECONDS,
             sc.ERROR_TYPE,
         ),
         _GW,

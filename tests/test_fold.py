@@ -345,6 +345,7 @@ _RECORDS = st.builds(
         cost_usd=st.floats(min_value=0.0, max_value=10.0),
         reasoning_tokens=st.integers(0, 10_000),
         cache_write_tokens=st.integers(0, 10_000),
+        engine_seconds=st.none() | st.floats(min_value=0.0, max_value=100.0),
     ),
     upstream_ttft=st.none() | _SECONDS,
     verdicts=_VERDICTS,
@@ -394,6 +395,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     sli_errors = counter(semconv.SLI_ERRORS, ["model", "sli", "prompt_size"])
     tokens = counter(semconv.TOKENS, ["model", "tenant", "type"])
     cost = counter(semconv.COST_USD, ["model", "tenant"])
+    engine = counter(semconv.ENGINE_SECONDS, ["model", "tenant"])
     decisions = counter(semconv.TRACE_DECISIONS, ["decision", "reason"])
     for r in records:
         if r.trace_decision is not None:
@@ -427,6 +429,8 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
             tokens.labels(r.model, b.tenant, "reasoning").inc(b.reasoning_tokens)
             tokens.labels(r.model, b.tenant, "cache_write").inc(b.cache_write_tokens)
             cost.labels(r.model, b.tenant).inc(b.cost_usd)
+            if b.engine_seconds is not None:
+                engine.labels(r.model, b.tenant).inc(b.engine_seconds)
     return registry
 
 

@@ -132,6 +132,14 @@ class Instruments:
                 registry=r,
             )
         )
+        self.engine_seconds = ChildCache(
+            Counter(
+                sc.ENGINE_SECONDS,
+                "Engine seconds attributed to finished requests, as the engine reported them.",
+                _labels(sc.ENGINE_SECONDS),
+                registry=r,
+            )
+        )
         self.rejections = ChildCache(
             Counter(
                 sc.REJECTIONS,

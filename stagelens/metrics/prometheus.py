@@ -223,6 +223,9 @@ class PrometheusSink:
             added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
             added[billing.cache_write] += sum([b.cache_write_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
+            engine = [b.engine_seconds for b in theirs if b.engine_seconds is not None]
+            if engine:
+                added[billing.engine] += sum(engine)
 
     def _collect_lone(
         self, records: Sequence[LoneRecord], observed: _Observed, added: _Added

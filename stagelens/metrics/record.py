@@ -55,6 +55,9 @@ class BillingRecord(NamedTuple):
     """Part of ``output_tokens``: the tokens the model spent thinking."""
     cache_write_tokens: int = 0
     """Part of ``input_tokens``: the tokens written to the prompt cache."""
+    engine_seconds: float | None = None
+    """The request's share of the engine's time, as the vLLM server reported it (None when
+    it did not: no stagelens middleware there, or an upstream that is not vLLM)."""
 
 
 class ExemplarRef(NamedTuple):

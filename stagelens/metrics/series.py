@@ -373,9 +373,21 @@ class ModelSeries:
 class BillingSeries:
     """The token and cost counters of one (model, tenant), bound once."""
 
-    __slots__ = ("cache_write", "cached_input", "cost", "input", "output", "reasoning")
+    __slots__ = (
+        "_engine",
+        "_instruments",
+        "_key",
+        "cache_write",
+        "cached_input",
+        "cost",
+        "input",
+        "output",
+        "reasoning",
+    )
 
     def __init__(self, instruments: Instruments, model: str, tenant: str) -> None:
+        self._instruments, self._key = instruments, (model, tenant)
+        self._engine: FastCounter | None = None
         tokens = instruments.tokens
         self.input = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_INPUT))
         self.output = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_OUTPUT))
@@ -383,3 +395,11 @@ class BillingSeries:
         self.reasoning = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_REASONING))
         self.cache_write = FastCounter(tokens.get(model, tenant, sc.TOKEN_TYPE_CACHE_WRITE))
         self.cost = FastCounter(instruments.cost.get(model, tenant))
+
+    @property
+    def engine(self) -> FastCounter:
+        """The engine-seconds counter, bound on first use: a tenant whose engine never
+        reported a figure shows no series rather than a zero."""
+        if self._engine is None:
+            self._engine = FastCounter(self._instruments.engine_seconds.get(*self._key))
+        return self._engine

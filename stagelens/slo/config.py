@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -195,6 +195,24 @@ class DeployConfig(BaseModel):
     gpus_per_vllm: int = Field(default=1, ge=1)
 
 
+class GpuPrice(BaseModel):
+    """What one engine's GPUs cost: the price of a GPU-hour, and the GPUs an engine holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    usd_per_gpu_hour: float = Field(ge=0)
+    gpus: int = Field(default=1, ge=1)
+    """GPUs one engine (one vLLM server's engine) holds: tensor x pipeline parallel."""
+
+    def usd_per_engine_second(self) -> float:
+        """USD one second of the engine's time costs (all its GPUs)."""
+        return self.usd_per_gpu_hour * self.gpus / 3600
+
+    def gpus_float(self) -> float:
+        """GPU-seconds in one second of the engine's time."""
+        return float(self.gpus)
+
+
 class SloConfig(BaseModel):
     """Every threshold the generated alerts and dashboards use. Load with ``load_slo_config``."""
 
@@ -318,7 +336,17 @@ class SloConfig(BaseModel):
     """Generated tokens an hour below which drift is not judged."""
     billing_drift_for: str = "1h"
     gpu_hourly_cost_usd: float = Field(default=2.0, ge=0)
-    """Price of one GPU-hour, for the dashboards' GPU-time cost per token."""
+    """Price of one GPU-hour, for the dashboards' GPU-time cost per token, and of the
+    engines' GPUs (one a model) where ``gpu_prices`` names no price."""
+    gpu_prices: dict[str, GpuPrice] = Field(default_factory=dict)
+    """Model -> the price of its engines' GPUs: a tenant's GPU cost is its engine seconds
+    (``stagelens_engine_seconds_total``) times its model's GPUs times the GPU-hour price."""
+    node_gpu_prices: dict[str, GpuPrice] = Field(default_factory=dict)
+    """vLLM ``backend`` -> the price of its engine's GPUs, for the engines' busy and idle
+    cost (the plugin's series by backend); a backend not named costs as its model."""
+    cost_budget_source: Literal["price_table", "gpu"] = "price_table"
+    """What the daily spend caps (StagelensCostBudgetBurn) are compared with: the price
+    table's cost (``stagelens_cost_usd_total``) or the GPU cost of the tenants' engine time."""
     runbook_base_url: str = "https://github.com/stagelens/stagelens/blob/main/alerts/runbook.md"
     deploy: DeployConfig = Field(default_factory=DeployConfig)
 
@@ -478,6 +506,11 @@ class SloConfig(BaseModel):
                 "rendered, and leave it out of the SLO config"
             )
         return self
+
+    def gpu_price(self, model: str | None = None) -> GpuPrice:
+        """The GPU price of ``model``'s engines (the default one for None)."""
+        found = self.gpu_prices.get(model) if model is not None else None
+        return found or GpuPrice(usd_per_gpu_hour=self.gpu_hourly_cost_usd)
 
     def error_budget(self, sli: str) -> float:
         """Allowed fraction of bad requests of ``sli`` (1 - objective)."""

@@ -79,6 +79,18 @@ def cost_rate_record(window: str) -> str:
     return f"stagelens:cost_usd:rate{window}"
 
 
+def gpu_cost_rate_record(window: str) -> str:
+    """GPU cost in USD per second per tenant over ``window``: its engine seconds times the
+    price of its model's engine GPUs."""
+    return f"stagelens:gpu_cost_usd:rate{window}"
+
+
+def gpu_seconds_rate_record(window: str) -> str:
+    """GPU-seconds per second per tenant over ``window``: its engine seconds times the GPUs
+    of its model's engines."""
+    return f"stagelens:gpu_seconds:rate{window}"
+
+
 def cost_projected_record(window: str) -> str:
     """Last-24h spend plus ``cost_page_horizon`` more at the pace of ``window``, as a share
     of the daily cap."""
@@ -103,6 +115,7 @@ CONFIGURED_STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:configur
 DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:daily"
 CONFIGURED_DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:configured"
 COST_DAY_RECORD: Final = "stagelens:cost_usd:increase1d"
+GPU_COST_DAY_RECORD: Final = "stagelens:gpu_cost_usd:increase1d"
 COST_SPENT_RECORD: Final = "stagelens:cost_budget_spent:ratio_increase1d"
 KV_WINDOWS: Final[tuple[str, ...]] = ("30m", "6h")
 GPU_SM_ACTIVE_RECORD: Final = "stagelens:gpu_sm_active:ratio_max"
@@ -284,6 +297,51 @@ def _latency_records(cfg: SloConfig) -> list[Rule]:
     return rules
 
 
+def per_model(
+    cfg: SloConfig, series: str, factor: str, *, engines: bool = False, where: str = ""
+) -> str:
+    """``series`` (a range function of engine seconds, ``{selector}`` where its selector
+    goes) times each model's ``GpuPrice`` figure ``factor`` (``usd_per_engine_second`` or
+    ``gpus_float``): one term per priced model, the rest at the default price; ``where``
+    adds to every selector. The gateway's series (``engines``: the vLLM plugin's, which
+    serve ``stagelens_engine_seconds_total`` too, as its fleet view: never both at once,
+    which would count every request twice)."""
+    op = "!~" if engines else "=~"
+    job = f"job{op}{_quoted(cfg.gateway_job_regex)}" + (f", {where}" if where else "")
+    terms = []
+    for model, price in sorted(cfg.gpu_prices.items()):
+        value = getattr(price, factor)()
+        selector = f"{job}, {sc.LABEL_MODEL}={_quoted(model)}"
+        terms.append(f"{series.format(selector=selector)} * {value!r}")
+    rest = "|".join(_regex(m) for m in sorted(cfg.gpu_prices))
+    selector = f"{job}, {sc.LABEL_MODEL}!~{_quoted(rest)}" if rest else job
+    terms.append(f"{series.format(selector=selector)} * {getattr(cfg.gpu_price(), factor)()!r}")
+    return "\nor\n".join(terms)
+
+
+def per_backend(cfg: SloConfig, series: str, factor: str, where: str = "") -> str:
+    """``series`` of the vLLM plugin's engine series times the ``GpuPrice`` figure of each
+    engine: its ``node_gpu_prices`` entry by ``backend``, else its model's."""
+    extra = f", {where}" if where else ""
+    terms = [
+        f"{series.format(selector=f'{sc.LABEL_BACKEND}={_quoted(b)}{extra}')} * "
+        f"{getattr(price, factor)()!r}"
+        for b, price in sorted(cfg.node_gpu_prices.items())
+    ]
+    named = "|".join(_regex(b) for b in sorted(cfg.node_gpu_prices))
+    rest = f"{sc.LABEL_BACKEND}!~{_quoted(named)}{extra}" if named else where
+    terms.append(per_model(cfg, series, factor, engines=True, where=rest))
+    return "\nor\n".join(terms)
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _regex(text: str) -> str:
+    return "".join("\\" + c if c in ".^$*+?()[]{}|\\" else c for c in text)
+
+
 def _cost_records(cfg: SloConfig) -> list[Rule]:
     grouping = by(cfg, sc.LABEL_TENANT)
     day = f'{sc.LABEL_WINDOW}="{sc.BUDGET_WINDOW_DAY}"'
@@ -300,6 +358,36 @@ def _cost_records(cfg: SloConfig) -> list[Rule]:
             "expr": f"sum by ({grouping}) (increase({sc.COST_USD}[1d]))",
         }
     )
+    # The GPU cost of the tenants' engine time (docs/engine-seconds.md).
+    engine = sc.ENGINE_SECONDS + "{{{selector}}}"
+    for window in ("5m", "1h"):
+        seconds = f"rate({engine}[{window}])"
+        rules.append(
+            {
+                "record": gpu_seconds_rate_record(window),
+                "expr": f"sum by ({grouping}) (\n{per_model(cfg, seconds, 'gpus_float')}\n)",
+            }
+        )
+        rules.append(
+            {
+                "record": gpu_cost_rate_record(window),
+                "expr": (
+                    f"sum by ({grouping}) (\n{per_model(cfg, seconds, 'usd_per_engine_second')}\n)"
+                ),
+            }
+        )
+    rules.append(
+        {
+            "record": GPU_COST_DAY_RECORD,
+            "expr": (
+                f"sum by ({grouping}) (\n"
+                f"{per_model(cfg, f'increase({engine}[1d])', 'usd_per_engine_second')}\n)"
+            ),
+        }
+    )
+    spent_day, spent_rate = COST_DAY_RECORD, cost_rate_record
+    if cfg.cost_budget_source == "gpu":
+        spent_day, spent_rate = GPU_COST_DAY_RECORD, gpu_cost_rate_record
     rules += [
         {
             "record": CONFIGURED_DAILY_BUDGET_RECORD,
@@ -319,12 +407,12 @@ def _cost_records(cfg: SloConfig) -> list[Rule]:
         }
     )
     budget = f"({DAILY_BUDGET_RECORD} > 0)"
-    rules.append({"record": COST_SPENT_RECORD, "expr": f"{COST_DAY_RECORD} / {budget}"})
+    rules.append({"record": COST_SPENT_RECORD, "expr": f"{spent_day} / {budget}"})
     horizon = duration_seconds(cfg.cost_page_horizon)
     rules += [
         {
             "record": cost_projected_record(window),
-            "expr": f"({COST_DAY_RECORD} + {cost_rate_record(window)} * {horizon:g}) / {budget}",
+            "expr": f"({spent_day} + {spent_rate(window)} * {horizon:g}) / {budget}",
         }
         for window in ("5m", "1h")
     ]

@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from stagelens import semconv as sc
 from stagelens.stages import STAGE_ORDER
 from stagelens.views.percentiles import Estimate, from_buckets, nearest_rank, span_samples
+from stagelens.views.tenant_costs import render_tenant_costs
 from stagelens.views.traces import SpanRecord
 
 
@@ -293,6 +294,10 @@ def render_table(text: str, spans: Iterable[SpanRecord] = ()) -> str:
                 f"{share.reasoning:10.0f} {share.share * 100:6.1f}%"
             )
         lines.append("reasoning = output tokens the model spent thinking (billed as output)")
+    costs = render_tenant_costs(text)
+    if costs:
+        lines.append("")
+        lines += costs
     return "\n".join(lines)
 
 

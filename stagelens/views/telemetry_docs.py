@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import inspect
 import itertools
 import re
@@ -47,11 +48,25 @@ def constants() -> dict[str, str]:
     }
 
 
+def _semconv_sources() -> list[ast.Module]:
+    """``semconv``'s source, and that of each part it imports whole (``semconv_*``)."""
+    tree = ast.parse(inspect.getsource(semconv))
+    parts = [
+        importlib.import_module(node.module)
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        and node.module is not None
+        and node.module.startswith("stagelens.semconv_")
+        and [alias.name for alias in node.names] == ["*"]
+    ]
+    return [tree, *(ast.parse(inspect.getsource(part)) for part in parts)]
+
+
 def constant_docs() -> dict[str, str]:
     """Each constant's docstring (the string right after its assignment), as one line."""
-    tree = ast.parse(inspect.getsource(semconv))
     docs: dict[str, str] = {}
-    for node, after in itertools.pairwise(tree.body):
+    body = [node for tree in _semconv_sources() for node in [*tree.body, ast.Pass()]]
+    for node, after in itertools.pairwise(body):
         target: ast.expr | None = None
         if isinstance(node, ast.AnnAssign):
             target = node.target

@@ -18,7 +18,7 @@ from opentelemetry.trace import StatusCode
 from stagelens.instrumentation._call_request import reasoning_level
 from starlette.responses import Response
 
-from stagelens import instrument_app, instrument_httpx_client
+from stagelens import engine_join, instrument_app, instrument_httpx_client
 from stagelens import semconv as sc
 from stagelens.testing import TelemetryCapture, capture_telemetry
 from tests._scaffold import relayed
@@ -446,3 +446,32 @@ class TestThroughTheOpenaiSdk:
         inference = cap.span("chat gpt-x")
         assert inference.attributes[sc.GEN_AI_USAGE_INPUT_TOKENS] == 4
         assert inference.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 2
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+@pytest.mark.parametrize("where", ["own-chunk", "before-an-event", "after-an-event"])
+async def test_the_engines_comment_gives_the_share_and_the_client_reads_vllms_bytes(
+    cap, api: str, where: str
+) -> None:
+    """vLLM's stagelens middleware sends the engine's share as an SSE comment between two
+    events (a body of its own): the span gets the share and the client reads the stream as
+    vLLM wrote it. Coalesced after an event (a proxy between), the share is read still and
+    the comment passed on, which a client's SSE reader skips."""
+    chunks = (
+        responses_stream()
+        if api == "responses"
+        else messages_stream(usage={"input_tokens": 5, "output_tokens": 1})
+    )
+    comment = engine_join.engine_comment(0.25, 2)
+    *head, before, last = chunks
+    sent = {
+        "own-chunk": [*head, before, comment, last],
+        "before-an-event": [*head, before, comment + last],
+        "after-an-event": [*head, before + comment, last],
+    }[where]
+    body = {"model": "m", "stream": True, "input": "hi", "max_tokens": 8}
+    read = await call(service(cap, sent), f"/v1/{api}", body)
+    assert read == b"".join(sent if where == "after-an-event" else chunks)
+    inference, _ = _spans(cap)
+    assert inference.attributes[sc.ATTR_ENGINE_SECONDS] == pytest.approx(0.25)
+    assert inference.attributes[sc.ATTR_ENGINE_GPU_SECONDS] == pytest.approx(0.5)

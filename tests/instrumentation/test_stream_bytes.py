@@ -1,6 +1,7 @@
 """Never break the stream: whatever bytes the upstream sends, however they are chunked,
 the app reads exactly the bytes it would read without stagelens, apart from the usage
-event stagelens asked for (property-tested with arbitrary bytes, JSON shapes and
+event stagelens asked for (and the engine's comment it asked for with its request id:
+tests/instrumentation/test_engine_seconds.py) (property-tested with arbitrary bytes, JSON shapes and
 chunkings, at the call and through httpx's transports, sync and async). A reading that
 fails is counted and logged once, by type, never with the event's text."""
 

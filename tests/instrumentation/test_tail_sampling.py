@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from stagelens import TailSampler, configure, semconv
+from stagelens import TailSampler, configure, engine_join, semconv
 from stagelens.config import Settings, load_settings
 from stagelens.errors import ConfigurationError
 from stagelens.telemetry import Telemetry
@@ -302,7 +302,8 @@ class TestTailSampling:
         for traceparent, request_id in scripted.state.seen:
             sampled = traceparent.endswith("-01")
             assert sampled == _ratio_chosen(traceparent.split("-")[1], ratio), traceparent
-            assert (request_id is not None) == sampled
+            named = engine_join.trace_of(request_id.split("~")[0]) is not None
+            assert named == sampled, request_id
         telemetry.shutdown()
 
     async def test_a_child_of_a_sampled_parent_is_kept(
