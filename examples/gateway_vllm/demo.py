@@ -1,13 +1,14 @@
 """``stagelens demo``: start the reference stack on this machine and show the seven stages.
 
-Steps, each with progress: generate (or reuse) the tiny model, start real vLLM backend(s)
-on consecutive ports from ``--vllm-port`` (tool calls on) and one embedding (pooling)
-server after them, start the instrumented gateway on ``--port`` (127.0.0.1 unless
+Steps, each with progress: generate (or reuse) the tiny model, start real vLLM chat
+backend(s) on consecutive ports from ``--vllm-port`` (tool calls on), and beside them, at a
+lower CPU priority, the embedding (pooling) server and the reasoning model
+(``demo_extras``); start the instrumented gateway on ``--port`` (127.0.0.1 unless
 ``--host``; in this process, or with ``--workers N`` as N worker processes of
 ``stagelens.reference.serve``) and its ``/metrics`` on an internal port of its own
-(``--metrics-port``), send a short traffic run and print the per-stage table, then keep the
-stack up, print the URLs, and stop everything it started on Ctrl-C / SIGTERM.
-"""
+(``--metrics-port``) as soon as the chat backends serve; send a short traffic run and print
+the per-stage table; then keep the stack up, print the URLs, give each extra a traffic run
+of its own when it comes up, and stop everything it started on Ctrl-C / SIGTERM."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ from typing import Any
 
 from stagelens.errors import StageLensError
 
+EMBED_MODEL = "tiny-embed"
+"""The embedding server's model name."""
+THINK_MODEL = "tiny-think"
+"""The reasoning model's name."""
 DEMO_PROMPTS = (
     "Explain where the time of an LLM request goes, stage by stage.",
     "What is a prefix cache and why does it lower time to first token?",
@@ -155,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
+    from stagelens.reference.demo_extras import BESIDE_NICENESS, Beside, Extra
     from stagelens.reference.vllm_server import Supervisor, VllmServer, running
 
     model, parser = args.model, args.tool_call_parser
@@ -184,10 +190,11 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
             VllmServer(
                 model=model,
                 port=port,
-                served_model_names=("tiny-embed",),
+                served_model_names=(EMBED_MODEL,),
                 log_path=logs / f"vllm-{port}-embed.log",
                 embed=True,
                 max_model_len=512,
+                niceness=BESIDE_NICENESS,
             )
         )
     thinkers = _thinkers(args, logs, args.vllm_port + args.backends + len(embedders))
@@ -205,17 +212,25 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         )
     )
     api_key = next(iter(config.api_keys)) if args.config is not None else DEMO_API_KEY
+    extras = [Extra(e, "the embedding server", EMBED_MODEL) for e in embedders]
+    extras += [Extra(t, "the reasoning model", THINK_MODEL) for t in thinkers]
 
+    chat = "the chat backend" if len(servers) == 1 else f"{len(servers)} chat backends"
     _say(
-        f"starting {len(servers)} vLLM backend(s) on {', '.join(backends)}"
-        + (f" and an embedding server on {embedders[0].base_url}" if embedders else "")
-        + (f" and a reasoning model on {thinkers[0].base_url}" if thinkers else "")
-        + f" (about a minute on a CPU; logs in {logs}; Ctrl-C stops)"
+        f"starting {chat} on {', '.join(backends)} (about a minute on two CPU cores; logs "
+        f"in {logs}; Ctrl-C stops)"
     )
+    if extras:
+        _say(
+            " and ".join(f"{e.what} ({e.server.base_url})" for e in extras)
+            + " start beside it at a lower CPU priority: the first table does not wait for "
+            "them, and each joins when it is up"
+        )
     everything = [*servers, *embedders, *thinkers]
-    # running() stops every server in its finally, however we leave (signal included).
+    # Each context stops what it started in its finally, however we leave (signal included).
     with (
-        running(everything, timeout=900, progress=_progress("waiting for vLLM")),
+        Beside(extras, say=_say) as beside,
+        running(servers, timeout=900, progress=_progress(f"waiting for {chat}")),
         Supervisor(everything, say=_say),  # a dead backend is restarted
     ):
         print()
@@ -223,7 +238,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         try:
             with _gateway(args, config, logs, traces) as served:
                 try:
-                    _show(args, served, traces, api_key, backends, embedders, stopping)
+                    _show(args, served, traces, api_key, backends, embedders, beside, stopping)
                 finally:
                     _say("stopping")
         finally:
@@ -238,6 +253,7 @@ def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
     ``thinking_token_budget`` tokens (vLLM then ends the thinking), then answers."""
     if args.model is not None or args.no_reasoning or args.config is not None:
         return []
+    from stagelens.reference.demo_extras import BESIDE_NICENESS
     from stagelens.reference.tinymodel import (
         REASONING_CONFIG,
         REASONING_PARSER,
@@ -245,13 +261,14 @@ def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
     )
     from stagelens.reference.vllm_server import VllmServer
 
-    model = str(ensure_tiny_model("tiny-think", reasoning=True))
+    model = str(ensure_tiny_model(THINK_MODEL, reasoning=True))
     return [
         VllmServer(
             model=model,
             port=port,
-            served_model_names=("tiny-think",),
+            served_model_names=(THINK_MODEL,),
             log_path=logs / f"vllm-{port}-think.log",
+            niceness=BESIDE_NICENESS,
             extra_args=(
                 "--reasoning-parser",
                 REASONING_PARSER,
@@ -324,42 +341,90 @@ def _show(
     api_key: str,
     backends: list[str],
     embedders: list[Any],
+    beside: Any,
     stopping: threading.Event,
 ) -> None:
-    """The traffic run, its table and slowest trace, the URLs; then wait for Ctrl-C."""
+    """The traffic run, its table and slowest trace, the URLs; then the extras' traffic as
+    each comes up, and wait for Ctrl-C (or, with ``--exit-after-traffic``, for the extras)."""
     gateway, metrics = served.url, served.metrics
     _say(f"gateway up on {gateway}; its metrics on {metrics} (internal port)")
     slowest: str | None = None
+    shown: set[str] = set()  # the extras' models the traffic has reached
     if not args.no_traffic:
+        ready = {e.model for e in beside.ready()}
+        apis = "chat, Responses and Messages APIs, streamed and not, repeated prefixes"
+        also = [m for m in (EMBED_MODEL, THINK_MODEL) if m in ready]
         _say(
-            f"traffic run: {args.requests} requests (chat, Responses and Messages APIs, "
-            "streamed and not, repeated prefixes)"
+            f"traffic run: {args.requests} requests ({apis}"
+            + (f"; {', '.join(also)} too" if also else "")
+            + ")"
         )
-        thinking = "tiny-think" in _served_models(served, api_key)
-        asyncio.run(_traffic(gateway, api_key, args.requests, bool(embedders), thinking))
-        from stagelens.views.report import fetch, render_table
-
-        # The spans first: with every request's spans received the table's percentiles are
-        # the exact ones of those requests, not bucket estimates.
-        traces.wait_for(served.telemetry, args.requests)
-        print()
-        print(render_table(fetch(metrics), traces.spans()))
-        print()
-        kept, line = sampler_summary(metrics)
-        slowest = traces.print_slowest(served.telemetry, args.requests if kept is None else kept)
-        if line is not None:
-            _say(line)
-        print()
-        if thinking:
-            traces.print_thinking()
-            print()
+        embeddings, thinking = EMBED_MODEL in ready, THINK_MODEL in ready
+        asyncio.run(_traffic(gateway, api_key, args.requests, embeddings, thinking))
+        shown |= ready
+        slowest = _print_table(served, traces, metrics, args.requests, thinking)
     _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
     _print_prometheus(_log_dir() / "prometheus.yml", metrics, backends, args.workers)
     _print_trace_urls(traces, slowest, metrics)
-    if not args.exit_after_traffic:
-        _say("stack is up; Ctrl-C stops everything")
-        while not stopping.is_set():
-            stopping.wait(0.5)
+    sent = args.requests if not args.no_traffic else 0
+    if args.exit_after_traffic:
+        for extra in beside.wait_all(900, stopping):
+            _say(f"{extra.what} did not come up; its log: {extra.server.log_path}")
+        _extras_traffic(args, served, traces, api_key, beside, shown, sent)
+        return
+    _say("stack is up; Ctrl-C stops everything")
+    while not stopping.is_set():
+        sent = _extras_traffic(args, served, traces, api_key, beside, shown, sent)
+        stopping.wait(0.5)
+
+
+def _print_table(
+    served: _Served, traces: Any, metrics: str, sent: int, thinking: bool
+) -> str | None:
+    """The stage table of every request so far and the slowest trace; its trace id."""
+    from stagelens.views.report import fetch, render_table
+
+    # The spans first: with every request's spans received the table's percentiles are the
+    # exact ones of those requests, not bucket estimates.
+    traces.wait_for(served.telemetry, sent)
+    print()
+    print(render_table(fetch(metrics), traces.spans()))
+    print()
+    kept, line = sampler_summary(metrics)
+    slowest: str | None = traces.print_slowest(served.telemetry, sent if kept is None else kept)
+    if line is not None:
+        _say(line)
+    print()
+    if thinking:
+        traces.print_thinking()
+        print()
+    return slowest
+
+
+def _extras_traffic(
+    args: argparse.Namespace,
+    served: _Served,
+    traces: Any,
+    api_key: str,
+    beside: Any,
+    shown: set[str],
+    sent: int,
+) -> int:
+    """Each extra up since the last look gets its own short traffic run and the table
+    again; returns the requests sent in all."""
+    from stagelens.reference.demo_extras import EXTRA_REQUESTS, run_extra_traffic
+
+    for extra in beside.ready():
+        if extra.model in shown:
+            continue
+        shown.add(extra.model)
+        if args.no_traffic:
+            continue
+        _say(f"{EXTRA_REQUESTS} requests to {extra.model}, then the table again")
+        run_extra_traffic(served.url, api_key, extra, embed_model=EMBED_MODEL, prompts=DEMO_PROMPTS)
+        sent += EXTRA_REQUESTS
+        _print_table(served, traces, served.metrics, sent, extra.model == THINK_MODEL)
+    return sent
 
 
 def sampler_summary(metrics_url: str) -> tuple[int | None, str | None]:
@@ -441,19 +506,6 @@ def _quiet_server_class() -> Any:
     return QuietServer
 
 
-def _served_models(served: _Served, api_key: str) -> set[str]:
-    """The model names the gateway serves (its ``/v1/models``; none when unreadable)."""
-    import httpx
-
-    try:
-        answer = httpx.get(
-            f"{served.url}/v1/models", headers={"authorization": f"Bearer {api_key}"}, timeout=10
-        )
-        return {str(m.get("id")) for m in answer.json().get("data", [])}
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return set()
-
-
 async def _traffic(
     gateway: str, api_key: str, n: int, embeddings: bool, thinking: bool = False
 ) -> None:
@@ -477,7 +529,7 @@ async def _traffic(
             "stream": i % 2 == 0,
         }
         if thinking and i % 6 == 4:  # a reasoning model: it thinks, then answers (streamed)
-            body |= {"model": "tiny-think", "stream": True}
+            body |= {"model": THINK_MODEL, "stream": True}
             body["thinking_token_budget"] = rng.choice((8, 16, 24))
         path = "/v1/chat/completions"
         if i % 5 == 1:  # an agent on the OpenAI Responses API
@@ -489,7 +541,7 @@ async def _traffic(
             body = {key: body[key] for key in ("model", "max_tokens", "stream")}
             body |= {"system": shared, "messages": [{"role": "user", "content": content}]}
         if embeddings and i % 8 == 7:
-            await client.post("/v1/embeddings", json={"model": "tiny-embed", "input": content})
+            await client.post("/v1/embeddings", json={"model": EMBED_MODEL, "input": content})
         elif body["stream"]:
             async with client.stream("POST", path, json=body) as r:
                 async for _ in r.aiter_raw():
