@@ -270,7 +270,7 @@ class ApiCall(_UpstreamCall):
 
     def _capture_output(self, body: dict[str, Any]) -> None:
         output = json.dumps(self._api.output_messages(body))
-        self._recorded().set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, output)
+        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, output)
 
     def _metered(self, answered: bool) -> tuple[Usage | None, str | None, bool]:
         """The chat call's metering; a stream cut before its final usage is billed the

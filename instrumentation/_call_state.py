@@ -1,33 +1,13 @@
 """The states and ends of an upstream call that code around the call reads too.
 
-``LATER`` is the span of a call whose trace the tail sampler has not decided yet, before
-anything asked for it; ``Mode`` is what the call does with its next chunk (see
-``_upstream``); ``ClientDisconnected`` is recorded on the span of a call the client's
-departure closed. The transports (``httpx.py``) read them as the call (``_upstream.py``)
-does.
+``Mode`` is what the call does with its next chunk (see ``_upstream``);
+``ClientDisconnected`` is recorded on the span of a call the client's departure closed.
+The transports (``httpx.py``) read them as the call (``_upstream.py``) does.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
-
-from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan
-
-
-class _Later(NonRecordingSpan):
-    """The span of a call of an undecided trace that nothing asked for yet (``LATER``):
-    recorded (the call holds what the span needs), but not made."""
-
-    def is_recording(self) -> bool:
-        return True
-
-
-LATER: Final[trace.Span] = _Later(INVALID_SPAN_CONTEXT)
-"""``_UpstreamCall.span`` of a call of an undecided trace whose span nothing asked for yet:
-the call holds what its span needs, and makes it only when asked (``_recorded``: never
-through ``span`` itself) or when the trace is kept (``as_deferred``)."""
 
 
 class Mode(enum.Enum):

@@ -28,7 +28,6 @@ import httpx
 from opentelemetry import trace
 from opentelemetry.trace import (
     INVALID_SPAN,
-    NonRecordingSpan,
     SpanKind,
     Status,
     StatusCode,
@@ -36,7 +35,6 @@ from opentelemetry.trace import (
 from stagelens.instrumentation import _openai
 from stagelens.instrumentation._call_request import ask_for_usage, client_attributes
 from stagelens.instrumentation._call_state import (
-    LATER,
     ClientDisconnected,
     Mode,
     is_failure,
@@ -59,7 +57,7 @@ from stagelens.metrics.genai_call import GenAICall
 from stagelens.metrics.record import LoneRecord, PhaseTimes, StageTimes
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState
-from stagelens.spans.pending import DeferredSpan, PendingTrace, context_in, new_id
+from stagelens.spans.pending import DeferredSpan
 from stagelens.spans.stages import anchor_in, open_stage, parent_under
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry
@@ -86,25 +84,19 @@ class _UpstreamCall(EventReader):
 
     __slots__ = (
         "_buffer",
-        "_ctx",
         "_dimensions",
         "_embeddings",
-        "_end_ns",
         "_ending",
         "_engine",
         "_engine_ns",
         "_headers_seen",
         "_operation",
-        "_parent",
         "_payload",
         "_request",
         "_response_headers",
         "_response_model",
-        "_span_id",
-        "_start_ns",
         "_status",
         "_t0",
-        "_trace",
         "mode",
         "model",
         "on_chunk",
@@ -136,35 +128,37 @@ class _UpstreamCall(EventReader):
             # context is the one propagated, and nothing is built.
             self.span: trace.Span = state.root_span
         elif state is not None and (pending := state.pending) is not None and pending.kept is None:
-            # The tail sampler, undecided: no span yet (LATER). The call holds what its
-            # span needs (a DeferredSpan, made only when something asks for it or the
-            # trace is kept); its attributes are read from the payload and the answer
-            # only then. Its id is drawn now, for the traceparent.
+            # The tail sampler, undecided: the span is data (a DeferredSpan) until the
+            # trace is decided, built only if it is kept; its attributes are read from the
+            # payload and the answer only then (``_built``).
             self._operation, self._request = operation, request
             self._response_headers: httpx.Headers | None = None
             self._ending: _Ending | None = None
-            self._trace: PendingTrace = pending
-            self._ctx = ctx = current_context()
+            ctx = current_context()
             opened = open_stage()
-            # Inside an open stage, its parent is found now: the stage may be gone when
-            # the span is made. Else it is the span of its context, found then.
-            self._parent: trace.Span | None = (
-                None if opened is None else parent_under(anchor_in(ctx), opened)
+            anchor = anchor_in(ctx)
+            # Inside an open stage its parent is found under that stage; else it is the
+            # span of its context.
+            parent = anchor if opened is None else parent_under(anchor, opened)
+            self.span = DeferredSpan(
+                telemetry.tracer,
+                f"{operation} {self.model}",
+                anchor,
+                parent,
+                pending,
+                {},
+                SpanKind.CLIENT,
+                time.time_ns(),
+                complete=self._built,
             )
-            self._start_ns = time.time_ns()
-            self._span_id = new_id(64)
-            self._end_ns = 0
-            self.span = LATER
             later = True
-            propagated = self._context_span()  # the context its span will have
         else:
             self.span = telemetry.tracer.start_span(
                 f"{operation} {self.model}",
                 kind=SpanKind.CLIENT,
                 attributes=client_attributes(self.model, stream, operation, payload, request),
             )
-        if not later:
-            propagated = self.span
+        propagated = self.span
         recording = self.span.is_recording()
         inference = None
         if state is not None:
@@ -193,7 +187,7 @@ class _UpstreamCall(EventReader):
         )
         if telemetry.settings.capture_message_content and recording:
             content = payload.get("messages", payload.get("prompt", payload.get("input")))
-            self._recorded().set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
+            self.span.set_attribute(sc.GEN_AI_INPUT_MESSAGES, json.dumps(content))
         if stream and self._asks_usage and not _openai.wants_usage(payload):
             # Ask for the usage event (billing needs it) and remove it from what the app
             # reads, which is then byte for byte what it would read without stagelens.
@@ -204,9 +198,9 @@ class _UpstreamCall(EventReader):
         )
         if state is not None:
             state.request_id = request_id
-        # A key naming no trace does not make a span not made yet (LATER) for its sake.
+        # A key naming no trace is no attribute of an undecided trace's span.
         if recording and not (later and request_id.startswith(NO_TRACE)):
-            self._recorded().set_attribute(sc.ATTR_REQUEST_ID, request_id)
+            self.span.set_attribute(sc.ATTR_REQUEST_ID, request_id)
         self._payload = payload
         self._t0 = time.perf_counter()
         self._buffer = bytearray()
@@ -245,11 +239,9 @@ class _UpstreamCall(EventReader):
             except Exception as exc:  # never the app's problem
                 self._report(sc.COMPONENT_UPSTREAM, exc)
         span = self.span
-        if self._span_later:  # undecided (LATER, or a DeferredSpan)
-            if status < 400:
-                self._response_headers = response.headers  # read only if kept (_built)
-                return
-            span = self._recorded()  # an error status is set on it (made now if LATER)
+        if self._span_later and status < 400:  # undecided: a DeferredSpan
+            self._response_headers = response.headers  # read only if kept (_built)
+            return
         if span.is_recording():
             vllm_id = header_value(response.headers, REQUEST_ID_KEY)
             if vllm_id:
@@ -292,7 +284,7 @@ class _UpstreamCall(EventReader):
             self._finish(error)
         except Exception as exc:
             self.telemetry.report_error("upstream", exc)
-            self._recorded().end()
+            self.span.end()
         # A bound method of the call held by the call is a cycle that only the garbage
         # collector frees, with everything the call holds: nothing is read after the end.
         self.on_chunk = passed
@@ -318,7 +310,7 @@ class _UpstreamCall(EventReader):
         if self._ended:
             self.finish()
             return
-        span = self._recorded()
+        span = self.span
         if span.is_recording():
             span.set_attribute(sc.ATTR_STREAM_CLOSED_EARLY, True)
         self._ended = True  # cut on purpose or the client gone: no failure of the server
@@ -361,14 +353,10 @@ class _UpstreamCall(EventReader):
         else:  # no request around the call: recorded now, its model label bounded here
             self._record_alone(elapsed, phases, upstream_ttft, billing, answered)
         span = self.span
-        if self._span_later:  # undecided (LATER, or a DeferredSpan): only if kept
+        if self._span_later:  # undecided (a DeferredSpan): built only if kept
             end_ns = self._engine_ns or time.time_ns()
             self._ending = (error, usage, billing or counted, phases, end_ns)
-            if span is LATER:
-                self._end_ns = time.time_ns()
-                self._trace.add(self)  # held as itself (HeldSpan): its span made if kept
-            else:
-                span.end()
+            span.end()
             # The span is its trace's now. Let go of it: its completions hold this call,
             # and a call holding the span would make a cycle that only the garbage
             # collector frees (every dropped trace's records with it).
@@ -379,54 +367,7 @@ class _UpstreamCall(EventReader):
             self._engine_spans(span, phases, self._engine_ns or time.time_ns())
         span.end()
 
-    # -- a span LATER ----------------------------------------------------------------------
-    def _context_span(self) -> trace.Span:
-        """The context the call's span will have, as a span to propagate (LATER)."""
-        return NonRecordingSpan(context_in(self._trace, self._span_id))
-
-    def _recorded(self) -> trace.Span:
-        """The call's span, made now if it was LATER (something needs it as a span: an
-        attribute, an error, a child, its end in a failure)."""
-        span = self.span
-        if span is LATER:
-            span = self.span = self._deferred(None)
-        return span
-
-    def _deferred(self, end_ns: int | None) -> DeferredSpan:
-        """The ``DeferredSpan`` of a call that was LATER, as made at its start: its id,
-        start, parent and completion; ``end_ns``: its end, once it ended."""
-        anchor = anchor_in(self._ctx)
-        span = DeferredSpan(
-            self.telemetry.tracer,
-            f"{self._operation} {self.model}",
-            anchor,
-            self._parent if self._parent is not None else anchor,
-            self._trace,
-            {},
-            SpanKind.CLIENT,
-            self._start_ns,
-            complete=self._built,
-        )
-        span.span_id = self._span_id
-        span.end_time = end_ns
-        return span
-
-    def as_deferred(self) -> DeferredSpan:
-        """``HeldSpan``: the span of a call held by its kept trace, ended."""
-        return self._deferred(self._end_ns)
-
-    @property
-    def anchor(self) -> trace.Span:
-        """``OpenStage`` (a call open as the stage of its transport, LATER): the span
-        current in the OpenTelemetry context when the call began."""
-        return anchor_in(self._ctx)
-
-    def deferred(self) -> DeferredSpan | None:
-        """``OpenStage``: the call's span, made now if it was LATER; None once the call
-        has handed it to its trace."""
-        span = self._recorded()
-        return span if type(span) is DeferredSpan else None
-
+    # -- the span of an undecided trace ---------------------------------------------------
     def _built(self, built: trace.Span) -> None:
         """What the span built from the call's ``DeferredSpan`` holds besides the calls made
         on it, as a span recorded at once gets it (a completion run only if the trace is
@@ -589,7 +530,7 @@ class _UpstreamCall(EventReader):
         if error is not None:
             # ClientDisconnected's message is stagelens' own: it says what happened.
             capture = self.telemetry.settings.capture_message_content
-            record_failure(span, error, capture=capture or type(error) is ClientDisconnected)
+            record_failure(span, error, capture=capture or isinstance(error, ClientDisconnected))
             span.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
         elif self._failure is not None and self._status < 400:
             span.set_attribute(sc.ERROR_TYPE, self._failure)
@@ -602,4 +543,4 @@ class _UpstreamCall(EventReader):
             for c in (choices if isinstance(choices, list) else ())
             if isinstance(c, dict)
         ]
-        self._recorded().set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))
+        self.span.set_attribute(sc.GEN_AI_OUTPUT_MESSAGES, json.dumps(messages))

@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 from opentelemetry import context, trace
-from stagelens.instrumentation._call_state import LATER, ClientDisconnected
+from stagelens.instrumentation._call_state import ClientDisconnected
 from stagelens.instrumentation._calls import start_call
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
 from stagelens.instrumentation._upstream import _UpstreamCall
@@ -166,20 +166,17 @@ def _enter_call(call: _UpstreamCall) -> tuple[bool, Any] | None:
     ``_leave_call``: (whether it was opened as a stage, the token), or None when its span
     is not recorded.
 
-    Why a stage for a pending trace: the call's span is data then (``DeferredSpan``), or
-    not made yet (``LATER``: the call itself is opened, and makes its span if something
-    started inside asks for its parent), and opening it as the stage of its context
+    Why a stage for a pending trace: the call's span is data then (``DeferredSpan``), and
+    opening it as the stage of its context
     (``enter_stage``) makes it the parent of what the deferred tracer starts inside, as
     attaching it would, without an OpenTelemetry context built around it for a trace that
     is most likely dropped. As inside any stage of a pending trace,
     ``trace.get_current_span()`` there gives the span current when the call began
     (docs/tail-sampling.md)."""
     span = call.span
-    if type(span) is DeferredSpan:
+    if isinstance(span, DeferredSpan):
         return True, enter_stage(span)
     if span.is_recording():
-        if span is LATER:  # no span yet: the call is the stage, its span made if asked
-            return True, enter_stage(call)
         return False, context.attach(trace.set_span_in_context(span))
     return None
 

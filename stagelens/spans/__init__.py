@@ -19,12 +19,12 @@ depends on its trace's sampling decision:
   - a stage whose span something needs (a child span, its context): a ``DeferredSpan``,
     named to the tracer as the stage open in its context (``stages``) instead of being
     made current;
-  - the upstream call: no span at all until something asks, then a ``DeferredSpan``; held
-    as itself (a ``HeldSpan``) when it ends.
+  - the upstream call: a ``DeferredSpan`` of kind CLIENT, the stage open around the
+    wrapped transport, its response attributes read only if the trace is kept.
 
   The middleware decides at the request's end (``PendingTrace.settle``). Kept: the held
   spans are built into ``RecordedSpan`` objects (``build``: a ``StageClock`` first put on
-  the wall clock as a ``StageRecord``, a ``HeldSpan`` made into its ``DeferredSpan``) and
+  the wall clock as a ``StageRecord``) and
   queued as above, and later ones go straight on. Dropped: they are discarded unbuilt.
 
 ``stagelens.tail_sampling`` holds the sampler and the rules that decide; docs/architecture.md

@@ -1,6 +1,6 @@
 """A trace whose keep decision waits for its request's end, and what its spans are held
 as meanwhile (the tail sampler): ``PendingTrace``, ``DeferredSpan``, a stage's clock tuple
-(``StageClock``, on the wall clock a ``StageRecord``) and ``HeldSpan``.
+(``StageClock``, on the wall clock a ``StageRecord``).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -129,10 +129,8 @@ class DeferredSpan(trace.Span):
     parent would be ``anchor`` under it (``child_parent``): so spans started inside the
     stage, with stagelens' tracer or any tracer of its provider, are its children, as they
     are when the stage is a span. The upstream call's span of a pending trace is one too
-    (``kind`` CLIENT) once something needs it as a span: until then the call itself holds
-    what it needs, is the stage open around the wrapped transport
-    (``instrumentation.httpx``) and is held with the trace when it ends (``HeldSpan``);
-    its response attributes are left to ``when_built``."""
+    (``kind`` CLIENT), the stage open around the wrapped transport
+    (``instrumentation.httpx``); its response attributes are left to ``when_built``."""
 
     __slots__ = (
         "_calls",
@@ -183,10 +181,6 @@ class DeferredSpan(trace.Span):
 
     def deferred(self) -> DeferredSpan:
         """Itself (``OpenStage``)."""
-        return self
-
-    def as_deferred(self) -> DeferredSpan:
-        """Itself (``HeldSpan``)."""
         return self
 
     @property
@@ -268,16 +262,6 @@ def context_in(pending: PendingTrace, span_id: int) -> SpanContext:
     sampled only once the trace is kept (what a ``traceparent`` sent upstream says)."""
     flags = _SAMPLED if pending.kept else _NOT_SAMPLED
     return SpanContext(pending.trace_id, span_id, False, flags, pending.trace_state)
-
-
-class HeldSpan(Protocol):
-    """A finished span of a pending trace held as something other than a span or a
-    stage's tuple (the upstream call of ``instrumentation.httpx``, whose span nothing
-    asked for): made into its ``DeferredSpan`` only if the trace is kept."""
-
-    def as_deferred(self) -> DeferredSpan:
-        """The ``DeferredSpan`` it stands for, ended."""
-        ...
 
 
 COMPLETE: Final = "when_built"

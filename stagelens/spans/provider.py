@@ -43,7 +43,7 @@ from opentelemetry.util.types import Attributes
 from stagelens import _compat, semconv
 from stagelens.spans.build import built, built_stage
 from stagelens.spans.otlp_encode import encode_request
-from stagelens.spans.pending import DeferredSpan, HeldSpan, StageRecord
+from stagelens.spans.pending import DeferredSpan, StageRecord
 from stagelens.spans.recorded import RecordedSpan
 from stagelens.spans.tracer import DeferredTracer
 from stagelens.tail_sampling import TailSampler, sampler_from_env
@@ -119,9 +119,9 @@ class DeferredTracerProvider(trace.TracerProvider):
         return tracer
 
     # -- hot path -----------------------------------------------------------------------
-    def _release(self, span: RecordedSpan | DeferredSpan | StageRecord | HeldSpan) -> None:
+    def _release(self, span: RecordedSpan | DeferredSpan | StageRecord) -> None:
         """A span of a kept trace (tail sampler), to the queue: one recorded as data
-        (a stage's tuple, a ``DeferredSpan``, a ``HeldSpan``) is built into a span first.
+        (a stage's tuple, a ``DeferredSpan``) is built into a span first.
         Building runs where the trace is decided or the span ends (the middleware, a
         stage's exit): a failure there (its ``when_built`` functions included) drops that
         span only, counted as a failed export and logged once, and never reaches the
@@ -131,8 +131,8 @@ class DeferredTracerProvider(trace.TracerProvider):
             # (which a tuple fails) is a Python call; one of the exact type is not.
             if isinstance(span, tuple):
                 recorded = built_stage(span)
-            elif not isinstance(span, RecordedSpan):
-                recorded = built(span.as_deferred())  # a DeferredSpan is its own
+            elif isinstance(span, DeferredSpan):
+                recorded = built(span)
             else:
                 recorded = span
         except Exception as exc:  # by type only: a message may quote content

@@ -1,11 +1,10 @@
-"""The upstream call of a trace whose keep decision waits makes no span unless something
-asks for one, and a kept trace's call span is still the one always_on records.
+"""The upstream call of a trace whose keep decision waits records its span as data, and a
+kept trace's call span is still the one always_on records.
 
-Why: under the tail sampler most traces are dropped, so the call holds what its span
-needs (``_upstream.LATER``) and the deferred tracer makes the span from the call only
-when the trace is kept (``HeldSpan``). What the upstream is told, and every attribute of
-the span, must not depend on that: these tests compare with always_on span by span and
-read the ``traceparent`` the upstream received.
+Why: under the tail sampler most traces are dropped, so the call's span is a
+``DeferredSpan`` whose response attributes are read only when the trace is kept. What the
+upstream is told, and every attribute of the span, must not depend on that: these tests
+compare with always_on span by span and read the ``traceparent`` the upstream received.
 """
 
 from __future__ import annotations
@@ -21,11 +20,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from prometheus_client import CollectorRegistry
-from stagelens.instrumentation._upstream import LATER
 from starlette.responses import StreamingResponse
 
 import stagelens
 from stagelens import semconv as sc
+from stagelens.spans.pending import DeferredSpan
 from stagelens.tail_sampling import TailSampler
 from tests._scaffold import relayed, serve_one_stream
 
@@ -133,11 +132,11 @@ def _shape(spans: tuple[ReadableSpan, ...], minted: str | None = None) -> list[t
 
 def test_a_kept_traces_call_span_is_always_ons() -> None:
     """The first request of a fresh gateway is kept at its end (``exemplar``): its call
-    span, made from the call only then, has always_on's name, kind, parent, attributes
-    and place in time. While the call ran its span was not made (LATER)."""
+    span, built from its data only then, has always_on's name, kind, parent, attributes
+    and place in time. While the call ran its span was data (a DeferredSpan)."""
     kept, _, seen = _one(TailSampler(0.0))
     always, sent, _ = _one(ALWAYS_ON)
-    assert seen == [LATER]
+    assert [type(span) for span in seen] == [DeferredSpan]
     assert _shape(kept) == _shape(always, minted=sent[sc.HEADER_REQUEST_ID])
     call = _call(kept)
     assert call.attributes is not None
