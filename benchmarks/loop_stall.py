@@ -8,7 +8,7 @@ a time and records how late it wakes up (the loop-lag probe of ``fuzz_gateway.py
 stall is waiting: the worker holding the GIL, or the machine giving the process no CPU. So
 each interval also reads the process's CPU time, and the figure that matters is the worst
 stall while the process had the CPU (its threads used at least half the interval): the
-loop waiting for the GIL. Issue #19 allows 50 ms.
+loop waiting for the GIL. The gateway allows a stall of 50 ms at most.
 
     nice .venv/bin/python benchmarks/loop_stall.py [--rounds 3]
 

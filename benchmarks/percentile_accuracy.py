@@ -1,4 +1,4 @@
-"""Percentiles you can trust (issue 27), before and after, side by side.
+"""Percentiles you can trust, before and after, side by side.
 
 Prints, for the stagelens of git ``--against`` (default ``main``: before) and of this
 working tree (after):

@@ -1,11 +1,11 @@
 """Sampling NVML over time: the session (init, backoff, shutdown), the background sampler
 (GPM two-sample diffing, process list) and ``GpuReader``, the one object exporters hold.
 
-What runs where. A scrape makes only the cheap per-GPU calls of ``nvml_read`` (~10 us each
-on a real H100). The slow readings run on a background thread every ``interval_s``: GPM SM
-activity, which needs two samples some time apart (the previous one is kept and diffed
-against the next, so nothing waits), and the compute-process list (part of a ~25 ms NVML
-snapshot on an H100). A scrape uses the sampler's last readings and never waits on them.
+What runs where. A scrape makes only the cheap per-GPU calls of ``nvml_read``. The slow
+readings run on a background thread every ``interval_s``: GPM SM activity, which needs two
+samples some time apart (the previous one is kept and diffed against the next, so nothing
+waits), and the compute-process list (part of an NVML snapshot, many times slower than a
+per-GPU call). A scrape uses the sampler's last readings and never waits on them.
 
 Fatal NVML errors: ``GpuReader.read()`` reports ``up`` False, gives its ``nvmlInit`` back
 and re-initialises on a later read with exponential backoff; one warning per outage, one

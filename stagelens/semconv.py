@@ -76,7 +76,7 @@ GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 """The model name the server answered with."""
 GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 """Finish reasons of every choice, as a string array."""
-# Embeddings client span (issue 28): the request's encoding formats and the answer's
+# Embeddings client span: the request's encoding formats and the answer's
 # vector size, as the GenAI semantic conventions name them.
 GEN_AI_REQUEST_ENCODING_FORMATS: Final = "gen_ai.request.encoding_formats"
 """On an embeddings span: the encoding formats asked for (``encoding_format``), as a list."""
@@ -444,7 +444,7 @@ GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
 its callback, which the SDK runs at the start of every collection, folds the requests still
 queued, so each export has every finished request. Never exported (no data points)."""
 
-# Reasoning models (issue 30): reasoning tokens and the time to the first answer token.
+# Reasoning models: reasoning tokens and the time to the first answer token.
 # --------------------------------------------------------------------------------------
 GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
 """On the inference and root spans: the request's reasoning tokens, a part of
@@ -473,7 +473,7 @@ when the time to first answer token exceeded ``answer_slo_threshold_seconds``, o
 token came because the request failed or the stream was cut during the reasoning (a client
 gone before the answer counts only if it waited past the threshold)."""
 
-# Tail sampling (issue 29): the sampler ``OTEL_TRACES_SAMPLER`` names, and the decisions it
+# Tail sampling: the sampler ``OTEL_TRACES_SAMPLER`` names, and the decisions it
 # makes when each request ends (``stagelens/tail_sampling.py``).
 TRACES_SAMPLER_TAIL: Final = "stagelens_tail"
 """``OTEL_TRACES_SAMPLER`` value (an ``opentelemetry_traces_sampler`` entry point): keep a
@@ -510,9 +510,9 @@ REASON_FINE: Final = "fine"
 """``reason`` label value (dropped): the request went fine and the base ratio did not
 choose its trace."""
 
-# The fastest and slowest value each gateway histogram series observed (issue 27): what
+# The fastest and slowest value each gateway histogram series observed: what
 # ``stagelens report`` narrows a percentile read from buckets with, so that it never lies
-# above the slowest request or below the fastest (``stagelens.percentiles``).
+# above the slowest request or below the fastest (``stagelens.views.percentiles``).
 LABEL_HISTOGRAM: Final = "histogram"
 """Label of ``stagelens_histogram_min_seconds`` / ``_max_seconds``: the histogram's name."""
 HISTOGRAM_MIN: Final = "stagelens_histogram_min_seconds"

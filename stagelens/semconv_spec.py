@@ -35,7 +35,7 @@ AttributeType = Literal["string", "int", "double", "boolean", "string[]"]
 GATEWAY: Final = "gateway"
 """Emitter: the instrumented gateway (ASGI middleware, stages, upstream instrumentation)."""
 VLLM_PLUGIN: Final = "vLLM plugin"
-"""Emitter: the stat-logger plugin inside the vLLM server (``exporters/vllm.py``)."""
+"""Emitter: the stat-logger plugin inside the vLLM server (``exporters/vllm_stat_logger.py``)."""
 GPU_COLLECTOR: Final = "GPU collector"
 """Emitter: the NVML collector (``configure(gpu=...)``, ``stagelens gpu-exporter``, plugin)."""
 

@@ -53,7 +53,7 @@ def test_the_itl_threshold_must_be_an_itl_bucket_boundary() -> None:
 
 
 class TestPromptSizeClasses:
-    """The prompt-size classes and their TTFT thresholds (issue 26)."""
+    """The prompt-size classes and their TTFT thresholds."""
 
     def test_the_defaults(self) -> None:
         """<= 1k keeps the 0.5 s default; <= 8k 1 s, <= 32k 2.5 s, more 5 s; unknown last."""

@@ -1,5 +1,5 @@
 """Every percentile the report prints is within 10 % of the exact one over the same
-requests, never above the slowest and never below the fastest (issue 27).
+requests, never above the slowest and never below the fastest.
 
 The exact figures are computed here, by sorting, from an independent reading of the same
 requests: the values the test itself drew and submitted (the client's side of the fold), or

@@ -1,10 +1,11 @@
 """Counting a big text in a process of its own, so the event loop never waits for the GIL.
 
 Why a process: the Rust tokenizer's ``encode_batch`` releases the GIL while it encodes, but
-freeing its result (the ``Encoding``: ids, offsets, masks for every token) holds it, ~110 ms
-for a 4 MiB prompt (~1.4 M tokens); the event loop of the gateway waits that long (issue #19
-allows 50 ms; ``benchmarks/loop_stall.py`` measures it). A spawned process that loads only
-the Rust tokenizer frees the ``Encoding`` under its own GIL and sends back one int.
+freeing its result (the ``Encoding``: ids, offsets, masks for every token) holds it, the
+longer the bigger the prompt, and the gateway's event loop waits that long: longer than the
+50 ms a stall may last for a prompt of a few MiB (``benchmarks/loop_stall.py`` measures
+it). A spawned process that loads only the Rust tokenizer frees the ``Encoding`` under its
+own GIL and sends back one int.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 BIG_TEXT_CHARS = 256 * 1024
 """Texts longer than this are counted in the pool. Why 256 Ki characters: freeing the
-``Encoding`` of one holds the GIL a few ms (~110 ms at 4 MiB, in proportion), well under
-the 50 ms allowed; below it the hop to the process (pickling the text, ~1 ms) would cost
-more than it saves."""
+``Encoding`` of one holds the GIL well under the 50 ms a stall may last (the time grows in
+proportion to the text; ``benchmarks/loop_stall.py`` measures it); below it the hop to the
+process (pickling the text) would cost more than it saves."""
 
 _log = logging.getLogger(__name__)
 

@@ -208,10 +208,10 @@ class TokenCounter:
 
         Why not through transformers: the Rust tokenizer's ``encode_batch`` releases the
         GIL while it works (``encode`` does not), but transformers then copies every id
-        into Python lists (ids, attention mask), which holds the GIL for as long (a 4 MiB
-        prompt: ~1.4 M tokens, tens of ms per list, and as long again to free them). The
-        ``Encoding``'s length needs no copy. Freeing it still holds the GIL (~25 ms for a
-        ~1 MB prompt, ~110 ms for 4 MiB): so a text over ``BIG_TEXT_CHARS`` is counted in
+        into Python lists (ids, attention mask), which holds the GIL for as long, and as long
+        again to free them: for a prompt of megabytes, long enough to stall every other
+        request. The ``Encoding``'s length needs no copy. Freeing it still holds the GIL, in
+        proportion to its length: so a text over ``BIG_TEXT_CHARS`` is counted in
         the worker process of :attr:`pool` where there is one (``benchmarks/loop_stall.py``
         measures the stall)."""
         if self.pool is not None and len(text) > BIG_TEXT_CHARS:

@@ -1,6 +1,6 @@
 """Every percentile a dashboard panel draws, evaluated by real Prometheus, is within 10 % of
 the exact percentile of the same requests, never above the slowest and never below the
-fastest (issue 27).
+fastest.
 
 The requests are drawn here, over the latency shapes the issue names, and recorded through
 stagelens's own fold into a registry; its exposition is served to a real Prometheus, first

@@ -3,8 +3,9 @@
 An ordinary service (a relay: it never looks at the events, like
 ``examples/existing_service``) is instrumented with stagelens and served on a real
 loopback port in front of the session's real vLLM; the client is the official ``openai``
-SDK, which times every chunk with its own clock. For each response shape issue 15 lists,
-each request is joined to its trace by vLLM's response id and compared:
+SDK, which times every chunk with its own clock. For each response shape (streamed and
+not, chat and completions, several choices, tools), each request is joined to its trace
+by vLLM's response id and compared:
 
 - TTFT: stagelens' ``stagelens.time_to_first_token`` within 5 ms of the client's time from
   sending its request (an httpx hook in the SDK's client, ``SendClock``) to its first

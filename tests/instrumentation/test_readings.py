@@ -1,8 +1,8 @@
-"""Issue 15's observations, each against an ordinary proxy instrumented with stagelens and a
+"""The readings' meanings, each against an ordinary proxy instrumented with stagelens and a
 scripted upstream on a real socket: TTFT at the first output-bearing event, ITL per SSE
 event and per choice, a failure after the headers counted as one, billing gaps filled and
 said, the model label kept from made-up names, and no TTFT for requests that are not
-completions. Each fails on the code before issue 15."""
+completions. Each failed on the code before these readings were fixed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SLIs as users feel them (issue 26), through the public API under uvicorn on real sockets:
+"""SLIs as users feel them, through the public API under uvicorn on real sockets:
 a scripted upstream, an ordinary FastAPI relay instrumented with ``instrument_app`` and
 serving ``/metrics``, and a real httpx client that reads the stream, times it on its own
 clock, and gives up the way clients do (a read timeout that closes the connection).
