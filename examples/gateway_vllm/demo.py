@@ -179,6 +179,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
             served_model_names=("tiny", "tiny-chat"),
             log_path=logs / f"vllm-{args.vllm_port + i}.log",
             tool_call_parser=parser,
+            engine_time=True,
         )
         for i in range(args.backends)
     ]
@@ -269,6 +270,7 @@ def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
             served_model_names=(THINK_MODEL,),
             log_path=logs / f"vllm-{port}-think.log",
             niceness=BESIDE_NICENESS,
+            engine_time=True,
             extra_args=(
                 "--reasoning-parser",
                 REASONING_PARSER,

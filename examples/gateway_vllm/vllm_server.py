@@ -38,6 +38,13 @@ DEFAULT_FLAGS: Final[tuple[str, ...]] = (
 and the request id echoed in the ``X-Request-Id`` response header (``stagelens.vllm.request_id``
 on the inference span)."""
 
+ENGINE_TIME_FLAGS: Final[tuple[str, ...]] = (
+    "--middleware",
+    "stagelens.exporters.vllm_join.EngineSecondsMiddleware",
+)
+"""Flags that make a server answer each stagelens request with its share of the engine's
+time (docs/engine-seconds.md): only where stagelens is installed beside vLLM, as here."""
+
 
 EMBED_FLAGS: Final[tuple[str, ...]] = ("--runner", "pooling", "--convert", "embed")
 """Flags that make a server of a generative model an embedding (pooling) server: vLLM runs
@@ -58,6 +65,7 @@ class VllmServer:
     tool calls, ``tool_choice="auto"`` included; ``embed`` serves embeddings instead of
     generating. ``niceness`` above 0 lowers the server's CPU priority (its engine processes
     inherit it): a server started beside another leaves it the CPU while both start.
+    ``engine_time`` adds stagelens' middleware (``ENGINE_TIME_FLAGS``).
     """
 
     model: str
@@ -71,6 +79,7 @@ class VllmServer:
     tool_call_parser: str | None = None
     embed: bool = False
     niceness: int = 0
+    engine_time: bool = False
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
 
@@ -106,6 +115,8 @@ class VllmServer:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_call_parser]
         if self.embed:
             cmd += list(EMBED_FLAGS)
+        if self.engine_time:
+            cmd += list(ENGINE_TIME_FLAGS)
         cmd += list(self.extra_args)
         return cmd
 

@@ -34,7 +34,6 @@ KEYS = {"sk-a": "tenant-a", "sk-b": "tenant-b", "sk-c": "tenant-c", "sk-solo": "
 SETTLE_S = 7.0
 """Idle time is counted up to 5 s before now, a tenth of a second at a time: after this
 long idle, the engine's counters hold everything before the wait began."""
-MIDDLEWARE = "stagelens.exporters.vllm_join.EngineSecondsMiddleware"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def engine_server(tiny_model: Path) -> Iterator[VllmServer]:
             "OTEL_METRICS_EXPORTER": "none",
             "OTEL_TRACES_EXPORTER": "none",
         },
-        extra_args=("--middleware", MIDDLEWARE),
+        engine_time=True,
     )
     server.start()
     try:
