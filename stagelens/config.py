@@ -159,7 +159,8 @@ class Settings(BaseSettings):
     excluded_paths: Annotated[tuple[str, ...], NoDecode] = Field(
         default=("/metrics", "/health", "/healthz", "/ready"), examples=["/metrics,/health"]
     )
-    """Request paths the middleware passes through untouched (no span, no metric)."""
+    """Request paths the middleware passes through untouched (no span, no metric, and no
+    hook: never name a path your auth, rate-limit or body hook guards)."""
     capture_message_content: bool = Field(
         default_factory=_capture_content_default, examples=["true"]
     )

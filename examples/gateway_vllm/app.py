@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse, Response
 
 import stagelens
 from stagelens import PriceTable, Rejected, record_usage, semconv
+from stagelens.errors import ConfigurationError
 
 _BODIES: dict[str, type[Any]] = {
     "/v1/chat/completions": ChatRequest,
@@ -318,6 +319,7 @@ def create_app(
         up = gateway.up
         return JSONResponse({"status": "up" if up else "down"}, status_code=200 if up else 503)
 
+    _check_excluded(app, telemetry)
     auth = ApiKeyAuth(config.api_keys, public_paths=PUBLIC_PATHS)
     stagelens.instrument_app(  # each hook's rejections in the shape of the request's API
         app,
@@ -329,6 +331,20 @@ def create_app(
     # Added last, so outermost: the body hook's read of a body over the limit answers 413.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     return app
+
+
+def _check_excluded(app: FastAPI, telemetry: Telemetry) -> None:
+    """Refuse a setting that would serve a route without its checks: the API key, rate
+    limit and body checks are the middleware's hooks, and the middleware passes a path
+    ``STAGELENS_EXCLUDED_PATHS`` names to the app untouched, hooks and all."""
+    routes = {getattr(route, "path", None) for route in app.routes} - {None, *PUBLIC_PATHS}
+    served = sorted(path for path in telemetry.settings.excluded_paths if path in routes)
+    if served:
+        raise ConfigurationError(
+            f"STAGELENS_EXCLUDED_PATHS names {', '.join(served)}: the gateway checks the API "
+            "key, rate limit and body of those routes in the middleware, which an excluded "
+            "path skips. Leave them out (only /health may be excluded)."
+        )
 
 
 def metrics_app(app: FastAPI) -> Any:
