@@ -1,0 +1,164 @@
+"""Runbook sections of the SLO alerts: the burn rates and the p95 and stage-budget tickets."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from stagelens import semconv as sc
+from stagelens.slo import alert_rules as ar
+from stagelens.slo.config import SloConfig
+from stagelens.slo.recording_rules import (
+    STAGE_BUDGET_RECORD,
+    sli_error_ratio_record,
+    stage_latency_record,
+    ttft_p95_record,
+)
+from stagelens.slo.runbook_entry import (
+    REQUEST_PATH,
+    SERVICE,
+    SLOS,
+    Entry,
+)
+
+_SLI_PANEL: Final[dict[str, str]] = {
+    sc.SLI_AVAILABILITY: "Availability",
+    sc.SLI_TTFT: "TTFT",
+    sc.SLI_ITL: "Inter-token latency",
+    sc.SLI_GOODPUT: "Goodput",
+    sc.SLI_ANSWER: "Time to first answer token",
+}
+
+
+def burn_entry(cfg: SloConfig, sli: str) -> Entry:
+    objective = cfg.objectives[sli]
+    budget = cfg.error_budget(sli)
+    windows = cfg.windows_for(sli)
+    pairs = "; ".join(
+        f"`{w.severity}`: {w.factor:g}x over {w.long} and {w.short} ({w.factor * budget:.3g} "
+        f"of requests bad; at least {cfg.request_floor(sli, w)} requests in the {w.long})"
+        for w in windows
+    )
+    selector = f'{{{sc.LABEL_SLI}="{sli}", model="MODEL"}}'
+    ttft = cfg.ttft_threshold_seconds
+    classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
+    bad = {
+        sc.SLI_AVAILABILITY: "answered 5xx (503 and 504 included), broke after its 200 "
+        "headers (upstream died, error event), or whose client gave up (499) after the server "
+        "had taken too long; 4xx answers are the client's and count as good",
+        sc.SLI_TTFT: "asked for a stream and got no first token within the threshold of its "
+        f"prompt-size class (`prompt_size` {classes}), failures included (a failed request has "
+        "no first token). Each class burns its own budget: one tenant's long prompts cannot "
+        "spend everyone's",
+        sc.SLI_ITL: "streamed two or more tokens with a stall (its worst gap between two "
+        "tokens above the gateway's stall threshold), or broke after its first token",
+        sc.SLI_GOODPUT: "streamed and missed the TTFT or the inter-token objective, or was cut "
+        "after exactly one token",
+        sc.SLI_ANSWER: f"asked for a stream and got no answer token (past the model's "
+        f"reasoning) within {cfg.answer_threshold_seconds:g}s, failures and streams cut "
+        "while the model was still thinking included",
+    }[sli]
+    trace = {
+        sc.SLI_AVAILABILITY: f"{{ {SERVICE} && span.http.response.status_code >= 500 }}",
+        sc.SLI_TTFT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+        sc.SLI_ITL: '{ span.stagelens.stage = "inference" && span.gen_ai.request.stream = true '
+        "&& duration > 5s }",
+        sc.SLI_GOODPUT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+        sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > "
+        f"{cfg.answer_threshold_seconds:g} }}",
+    }[sli]
+    title = _SLI_PANEL[sli]
+    return Entry(
+        alert=ar.BURN_ALERTS[sli],
+        meaning=(
+            f"The share of requests that {bad} is using the {cfg.period} error budget "
+            f"(objective {objective:g}, budget {budget:.4g}) too fast on a long and a short "
+            f"window at once: {pairs}. One alert per severity. A pair needs at least "
+            f"{cfg.min_requests} requests and {cfg.min_bad_events} bad ones in its long window "
+            "(a few failures at low traffic are noise, not a burn). A pair whose short window "
+            "holds no request at all is judged by its long window alone: a page does not "
+            "resolve because traffic stopped; it holds until the bad requests leave the long "
+            "window, and StagelensTrafficStopped says why the figures went quiet."
+        ),
+        impact=(
+            "`page`: at this pace the month's budget is gone within days; users see it now. "
+            "`ticket`: the budget will run out before the period ends if nothing changes."
+        ),
+        promql=(
+            f"{sli_error_ratio_record('1h')}{selector}",
+            f'sum by (model, sli) (rate({sc.SLI_ERRORS}{{model="MODEL"}}[5m])) / '
+            f'sum by (model, sli) (rate({sc.SLI_REQUESTS}{{model="MODEL"}}[5m]))',
+        ),
+        traceql=trace,
+        panels=(
+            (SLOS, f"{title} burn rate"),
+            (REQUEST_PATH, "Where did the time to first token go"),
+        ),
+        actions=(
+            "Find when it started on the burn-rate panel and match it with deploys and traffic.",
+            "Open the slowest or failed traces of the query above: the stage span that grew, or "
+            "the error on the inference span, names the cause.",
+            "Engine saturated (waiting requests, KV usage, preemptions on Engine and GPU): add "
+            "replicas or shed batch load. One backend slow or failing: take it out of the pool.",
+        ),
+    )
+
+
+def latency_entries(cfg: SloConfig) -> list[Entry]:
+    ttft = cfg.ttft_threshold_seconds
+    classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
+    return [
+        Entry(
+            alert=sc.ALERT_TTFT_P95_HIGH,
+            meaning=(
+                "p95 time to first token of a model, per prompt-size class, stayed above its "
+                f"class's threshold ({classes}; series without a class {ttft:g}s) for "
+                f"{cfg.ttft_p95_for} with at least {cfg.min_requests} requests per "
+                f"{cfg.ttft_p95_window}. A symptom ticket: at 5-10 % slow requests it reads "
+                "high while the error budget burns at about 1x."
+            ),
+            impact="Some users wait longer than the objective for the first token; no page.",
+            promql=(
+                f'{ttft_p95_record(cfg.ttft_p95_window)}{{model="MODEL"}}',
+                "histogram_quantile(0.95, sum by (le) "
+                f'(rate({sc.TIME_TO_FIRST_TOKEN}_bucket{{model="MODEL"}}[5m])))',
+            ),
+            traceql=(
+                '{ span.stagelens.stage = "inference" && span.gen_ai.request.model = "MODEL" } '
+                "| by(span.server.address) | avg(duration) > 1s"
+            ),
+            panels=(
+                (SLOS, "p95 time to first token by model and prompt size"),
+                (REQUEST_PATH, "TTFT distribution"),
+            ),
+            actions=(
+                "A bimodal heatmap (two bands) points at one slow backend: the trace query "
+                "groups the inference spans by backend (server.address); compare that engine's "
+                "queue and KV usage on Engine and GPU and take it out of the pool.",
+                "A shifted distribution is load: see the TTFT burn rate before paging anyone.",
+            ),
+        ),
+        Entry(
+            alert=ar.ALERT_STAGE_OVER_BUDGET,
+            meaning=(
+                "p95 of one stage stayed above its latency budget (stagelens_stage_budget_seconds"
+                f") for {cfg.stage_budget_for}. For `inference` the budget applies to the time to "
+                "the first upstream token (stagelens_upstream_time_to_first_token_seconds); the "
+                "decode that follows is no stage's to meet."
+            ),
+            impact="Time to first token grows by that stage's overrun for every request.",
+            promql=(
+                f'{stage_latency_record(cfg.stage_latency_window)}{{stage="STAGE"}}',
+                f'{STAGE_BUDGET_RECORD}{{stage="STAGE"}}',
+            ),
+            traceql='{ span.stagelens.stage = "STAGE" && duration > 100ms }',
+            panels=(
+                (REQUEST_PATH, "Stage latency budget"),
+                (REQUEST_PATH, "Share of time per stage"),
+            ),
+            actions=(
+                "tokenizer: prompts grew (check input tokens on Tokens and cost). router: "
+                "admission queueing, raise max_inflight or add backends. inference: engine queue "
+                "and prefill on Engine phases. gateway: auth or rate-limit store slow.",
+            ),
+        ),
+    ]
