@@ -20,6 +20,10 @@ from __future__ import annotations
 
 from typing import Final
 
+# Re-exported: parts of this contract kept in modules of their own (read as ``sc.NAME``).
+from stagelens.semconv_foreign import *  # noqa: F403
+from stagelens.semconv_otel import *  # noqa: F403
+
 # --------------------------------------------------------------------------------------
 # Instrumentation scope
 # --------------------------------------------------------------------------------------
@@ -265,61 +269,6 @@ LABEL_PROCESS: Final = "process"
 """Executable basename of a GPU compute process as NVML names it (``""`` when unknown);
 bounded: one value per ``pid`` series."""
 
-# OpenTelemetry hardware semantic conventions (``hw.*``) for the OTel GPU variant. Spelled
-# here because opentelemetry-semantic-conventions only has them in its ``_incubating`` modules
-# and not in every version we allow; tests/exporters/test_gpu_otel.py checks they match.
-HW_GPU_UTILIZATION: Final = "hw.gpu.utilization"
-"""OTel gauge, unit ``1``: fraction of time the GPU spent in a task (NVML util.gpu)."""
-HW_GPU_MEMORY_USAGE: Final = "hw.gpu.memory.usage"
-"""OTel up-down counter, unit ``By``: GPU memory used."""
-HW_GPU_MEMORY_LIMIT: Final = "hw.gpu.memory.limit"
-"""OTel up-down counter, unit ``By``: GPU memory size."""
-HW_GPU_MEMORY_UTILIZATION: Final = "hw.gpu.memory.utilization"
-"""OTel gauge, unit ``1``: fraction of GPU memory used."""
-HW_POWER: Final = "hw.power"
-"""OTel gauge, unit ``W``: instantaneous power of the component."""
-HW_ENERGY: Final = "hw.energy"
-"""OTel counter, unit ``J``: energy consumed by the component."""
-HW_TEMPERATURE: Final = "hw.temperature"
-"""OTel gauge, unit ``Cel``: temperature of a sensor."""
-ATTR_HW_ID: Final = "hw.id"
-"""Hardware component id, unique on the host: the GPU UUID (sensor: ``<uuid>/temperature``)."""
-ATTR_HW_NAME: Final = "hw.name"
-"""Recognisable component name: ``gpu<index>`` (the Prometheus ``gpu`` label, prefixed)."""
-ATTR_HW_MODEL: Final = "hw.model"
-"""Descriptive model name: the NVML product name (the Prometheus ``name`` label)."""
-ATTR_HW_VENDOR: Final = "hw.vendor"
-"""Component vendor: ``NVIDIA``."""
-ATTR_HW_TYPE: Final = "hw.type"
-"""Component type: ``gpu`` (``temperature`` for the temperature sensor)."""
-ATTR_HW_PARENT: Final = "hw.parent"
-"""Parent component id: the GPU UUID on its temperature sensor."""
-ATTR_HW_GPU_TASK: Final = "hw.gpu.task"
-"""GPU task of ``hw.gpu.utilization``: ``general`` for NVML util.gpu."""
-ATTR_PROCESS_PID: Final = "process.pid"
-"""OTel process id attribute on per-process GPU memory."""
-ATTR_PROCESS_EXECUTABLE_NAME: Final = "process.executable.name"
-"""OTel executable name attribute on per-process GPU memory (NVML's name, basename)."""
-HW_TYPE_GPU: Final = "gpu"
-"""``hw.type`` value for a GPU."""
-HW_TYPE_TEMPERATURE: Final = "temperature"
-"""``hw.type`` value for a temperature sensor."""
-HW_GPU_TASK_GENERAL: Final = "general"
-"""``hw.gpu.task`` value for general (compute/graphics) work."""
-HW_VENDOR_NVIDIA: Final = "NVIDIA"
-"""``hw.vendor`` value for NVML GPUs."""
-OTEL_GPU_SM_ACTIVE: Final = "stagelens.gpu.sm.activity"
-"""OTel gauge, unit ``1``: GPM SM activity (no ``hw.*`` name exists for it)."""
-OTEL_GPU_SM_CLOCK: Final = "stagelens.gpu.sm.clock"
-"""OTel gauge, unit ``Hz``: current SM clock."""
-OTEL_GPU_CLOCK_EVENT_REASONS: Final = "stagelens.gpu.clock_event_reasons"
-"""OTel gauge, unit ``1``: NVML clock-event (throttle) reasons bitmask."""
-OTEL_GPU_PROCESS_MEMORY_USAGE: Final = "stagelens.gpu.process.memory.usage"
-"""OTel gauge, unit ``By``: GPU memory used by one compute process."""
-OTEL_GPU_COST_PER_HOUR: Final = "stagelens.gpu.cost_per_hour"
-"""OTel gauge, unit ``USD/h``: configured price of one GPU-hour."""
-OTEL_GPU_COLLECTOR_UP: Final = "stagelens.gpu.collector.up"
-"""OTel gauge, unit ``1``: 1 when NVML answered on the last collection, else 0."""
 COMPONENT_NVML: Final = "nvml"
 """``component`` label value: an unexpected (non-NVML) failure while reading the GPUs."""
 COMPONENT_UPSTREAM: Final = "upstream"
@@ -483,37 +432,6 @@ ALERT_COST_BUDGET_BURN: Final = "StagelensCostBudgetBurn"
 """Spend rate against the daily budget."""
 
 # --------------------------------------------------------------------------------------
-# Foreign metrics the dashboards read as fallbacks (emitted by vLLM and by NVIDIA DCGM)
-# --------------------------------------------------------------------------------------
-VLLM_PREFIX_CACHE_HITS: Final = "vllm:prefix_cache_hits_total"
-"""vLLM: prefix-cache hits in tokens."""
-VLLM_PREFIX_CACHE_QUERIES: Final = "vllm:prefix_cache_queries_total"
-"""vLLM: prefix-cache queries in tokens."""
-VLLM_KV_CACHE_USAGE: Final = "vllm:kv_cache_usage_perc"
-"""vLLM: KV-cache usage, 0-1 despite the name."""
-VLLM_REQUESTS_RUNNING: Final = "vllm:num_requests_running"
-"""vLLM: requests in the running batch."""
-VLLM_REQUESTS_WAITING: Final = "vllm:num_requests_waiting"
-"""vLLM: requests waiting to be scheduled."""
-VLLM_PREEMPTIONS: Final = "vllm:num_preemptions_total"
-"""vLLM: cumulative preemptions."""
-VLLM_GENERATION_TOKENS: Final = "vllm:generation_tokens_total"
-"""vLLM: output tokens the engine generated, counted as they are generated: an aborted
-request's tokens are in it too (measured: a disconnect storm shows as positive billing drift)."""
-VLLM_MODEL_NAME: Final = "model_name"
-"""vLLM's label for the served model name (stagelens says ``model``)."""
-DCGM_UUID: Final = "UUID"
-"""DCGM exporter's label for the GPU UUID (stagelens says ``uuid``)."""
-DCGM_GPU_UTIL: Final = "DCGM_FI_DEV_GPU_UTIL"
-"""DCGM: GPU utilisation in percent."""
-DCGM_SM_ACTIVE: Final = "DCGM_FI_PROF_SM_ACTIVE"
-"""DCGM: SM activity, 0-1."""
-DCGM_FB_USED: Final = "DCGM_FI_DEV_FB_USED"
-"""DCGM: framebuffer used, MiB."""
-DCGM_POWER: Final = "DCGM_FI_DEV_POWER_USAGE"
-"""DCGM: board power, watts."""
-
-# --------------------------------------------------------------------------------------
 # vLLM plugin: engine phase beyond the contract's three, error components, OTel metrics
 # --------------------------------------------------------------------------------------
 PHASE_FRONTEND: Final = "frontend"
@@ -552,51 +470,6 @@ UNIT_REQUEST: Final = "{request}"
 """Annotation-only unit: counted requests."""
 UNIT_PREEMPTION: Final = "{preemption}"
 """Annotation-only unit: counted preemptions."""
-
-# OpenTelemetry instrument names of the vLLM plugin's metrics (exported over OTLP when
-# STAGELENS_VLLM_OTLP_METRICS=1 or OTEL_METRICS_EXPORTER=otlp). Each translates, by the
-# OTel->Prometheus rules (``.`` -> ``_``, unit suffix, ``_total`` on monotonic sums), to the
-# Prometheus name the plugin serves on vLLM's /metrics; tests assert the translation.
-OTEL_KV_CACHE_QUERIES: Final = "stagelens.kv_cache.queries"
-"""Counter, ``{token}`` {backend, model} -> ``stagelens_kv_cache_queries_total``."""
-OTEL_KV_CACHE_HITS: Final = "stagelens.kv_cache.hits"
-"""Counter, ``{token}`` {backend, model} -> ``stagelens_kv_cache_hits_total``."""
-OTEL_KV_CACHE_USAGE: Final = "stagelens.kv_cache.usage_ratio"
-"""Gauge, ``1`` {backend, model} -> ``stagelens_kv_cache_usage_ratio``."""
-OTEL_ENGINE_REQUESTS_RUNNING: Final = "stagelens.engine.requests.running"
-"""Gauge, ``{request}`` {backend, model} -> ``stagelens_engine_requests_running``."""
-OTEL_ENGINE_REQUESTS_WAITING: Final = "stagelens.engine.requests.waiting"
-"""Gauge, ``{request}`` {backend, model} -> ``stagelens_engine_requests_waiting``."""
-OTEL_ENGINE_PREEMPTIONS: Final = "stagelens.engine.preemptions"
-"""Counter, ``{preemption}`` {backend, model} -> ``stagelens_engine_preemptions_total``."""
-OTEL_ENGINE_PHASE_DURATION: Final = "stagelens.engine.phase.duration"
-"""Histogram, ``s`` {phase, model} -> ``stagelens_engine_phase_duration_seconds``."""
-
-# OpenTelemetry GenAI metrics of the gateway (opt-in: ``STAGELENS_GENAI_METRICS=1``), named,
-# unitised and bucketed as the GenAI semantic conventions v1.41.0 define them
-# (open-telemetry/semantic-conventions, model/gen-ai/metrics.yaml and
-# docs/gen-ai/gen-ai-metrics.md; the names are those of opentelemetry-semantic-conventions'
-# ``_incubating/metrics/gen_ai_metrics.py``, spelled here because only its ``_incubating``
-# modules have them). Recorded by ``exporters/genai_metrics.py`` from each finished
-# request's record; requests that made no upstream GenAI call are not GenAI operations.
-OTEL_GEN_AI_SERVER_REQUEST_DURATION: Final = "gen_ai.server.request.duration"
-"""OTel histogram, unit ``s``: gateway receipt to last byte sent (the semconv's
-"time-to-last byte"), ``error.type`` set to the status code when the answer was an error
-(4xx and 5xx, 499 for a client gone before the answer)."""
-OTEL_GEN_AI_SERVER_TIME_TO_FIRST_TOKEN: Final = "gen_ai.server.time_to_first_token"
-"""OTel histogram, unit ``s``: gateway receipt to the first token sent to the client, for
-successful streamed responses (a non-streamed body's first byte is its last token)."""
-OTEL_GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN: Final = "gen_ai.server.time_per_output_token"
-"""OTel histogram, unit ``s``: (request duration - time to first token) / (output tokens -
-1), as the semconv defines it, for successful streamed responses with 2+ output tokens."""
-OTEL_GEN_AI_CLIENT_TOKEN_USAGE: Final = "gen_ai.client.token.usage"
-"""OTel histogram, unit ``{token}``: billed input and output tokens per request (the
-semconv: "instrumentation MUST report billable tokens"), one value per ``gen_ai.token.type``;
-no output value for embeddings."""
-GEN_AI_FOLD_TRIGGER: Final = "stagelens-genai-fold"
-"""Name of an observable gauge the GenAI metrics register and that never observes anything:
-its callback, which the SDK runs at the start of every collection, folds the requests still
-queued, so each export has every finished request. Never exported (no data points)."""
 
 # Reasoning models (issue 30): reasoning tokens and the time to the first answer token.
 # --------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final
 
-from stagelens import semconv
+from stagelens import semconv, semconv_foreign, semconv_otel
 from stagelens import semconv_spec as spec
 from stagelens.stages import Stage
 
@@ -47,11 +47,15 @@ def constants() -> dict[str, str]:
     }
 
 
+SOURCES: Final = (semconv, semconv_foreign, semconv_otel)
+"""``semconv`` and the modules whose names it re-exports: where the constants are written."""
+
+
 def constant_docs() -> dict[str, str]:
     """Each constant's docstring (the string right after its assignment), as one line."""
-    tree = ast.parse(inspect.getsource(semconv))
+    body = [node for module in SOURCES for node in ast.parse(inspect.getsource(module)).body]
     docs: dict[str, str] = {}
-    for node, after in itertools.pairwise(tree.body):
+    for node, after in itertools.pairwise(body):
         target: ast.expr | None = None
         if isinstance(node, ast.AnnAssign):
             target = node.target
@@ -163,7 +167,9 @@ attributes). Do not edit by hand: regenerate with `make generate` (that is,
 `python -m stagelens.views.telemetry_docs --out docs/telemetry.md`); `make drift` fails when this
 file differs from a fresh run.*
 
-Every name below is a `Final` constant in `stagelens/semconv.py`, its one definition.
+Every name below is a `Final` constant of `stagelens/semconv.py`, its one definition (the
+OpenTelemetry and foreign names are written in `semconv_otel.py` and `semconv_foreign.py`,
+which it re-exports).
 Dashboards, alert rules and users' queries depend on these names: a change to one is listed
 in the [CHANGELOG](../CHANGELOG.md).
 """
