@@ -18,6 +18,7 @@ from stagelens.dashboards.common import (
     MODEL,
     WHERE,
     base,
+    class_threshold_lines,
     engine_phase_mean,
     engine_phase_quantile,
     mean,
@@ -34,6 +35,7 @@ from stagelens.dashboards.panels import (
 from stagelens import buckets
 from stagelens import semconv as sc
 from stagelens.buckets import worst_ratio
+from stagelens.slo.alert_rules import class_thresholds_text
 from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage
 
@@ -294,7 +296,6 @@ def request_path(cfg: SloConfig) -> DashboardModel:
     )
     requests = f"{sc.REQUESTS}{{{MODEL}}}"
     failed = f'{sc.REQUESTS}{{{MODEL}, {sc.LABEL_CODE}!~"2.."}}'
-    ttft_line = ((None, "green"), (cfg.ttft_threshold_seconds, "red"))
     itl_line = ((None, "green"), (cfg.itl_threshold_seconds, "red"))
     return (
         _latency_rows(cfg, board)
@@ -304,12 +305,20 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "Time to first token",
                 "s",
                 [
-                    (quantile(q, sc.TIME_TO_FIRST_TOKEN, ""), f"p{int(q * 100)}")
-                    for q in (0.5, 0.95, 0.99)
+                    *(
+                        (
+                            quantile(q, sc.TIME_TO_FIRST_TOKEN, sc.LABEL_PROMPT_SIZE),
+                            f"p{int(q * 100)} {{{{prompt_size}}}}",
+                        )
+                        for q in (0.5, 0.95)
+                    ),
+                    (class_threshold_lines(cfg, RATE), "threshold {{prompt_size}}"),
                 ],
-                threshold_lines=ttft_line,
-                exemplars=LATENCY_EXEMPLARS,
-                description=f"SLO threshold {cfg.ttft_threshold_seconds:g}s (dashed). {TTFT_BOUND}",
+                unstacked_refs=("C",),
+                exemplar_refs=("A", "B") if LATENCY_EXEMPLARS else (),
+                description="Per prompt-size class, each against its own SLO threshold "
+                f"(dashed: {class_thresholds_text(cfg)}), since prefill grows with the prompt. "
+                f"{TTFT_BOUND}",
             )
         )
         .with_panel(

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens._series import BillingSeries, ChildCache, ModelSeries
+from stagelens._series import BillingSeries, ChildCache, ClassedChildCache, ModelSeries
 from stagelens.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -74,6 +74,16 @@ class Instruments:
                 "Gateway receipt to the first body carrying generated output sent to the client.",
                 _labels(sc.TIME_TO_FIRST_TOKEN),
                 buckets=ttft_buckets(settings.ttft_slo_threshold_seconds),
+                registry=r,
+            )
+        )
+        self.non_streamed = ChildCache(
+            Histogram(
+                sc.NON_STREAMED_RESPONSE,
+                "Gateway receipt to the first body byte of a non-streamed answer, sent once "
+                "the whole answer arrived.",
+                _labels(sc.NON_STREAMED_RESPONSE),
+                buckets=REQUEST_DURATION_BUCKETS,
                 registry=r,
             )
         )
@@ -163,7 +173,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.upstream_ttft = ChildCache(
+        self.upstream_ttft = ClassedChildCache(
             Histogram(
                 sc.UPSTREAM_TTFT,
                 "Upstream request sent to its first output-bearing event received.",

@@ -83,8 +83,8 @@ class Settings(BaseSettings):
     (10 s): thinking is the product of a reasoning model; set it to what your users wait.
     Always made a bucket boundary of ``stagelens_time_to_first_answer_token_seconds``."""
     itl_slo_threshold_seconds: float = Field(default=0.1, gt=0)
-    """ITL symptom threshold: the p95 of ``stagelens_inter_token_latency_seconds`` above it
-    alerts and marks the panels. Must be a bucket boundary of that histogram
+    """ITL symptom threshold: the dashed line of the inter-token latency charts; no alert
+    reads it. Must be a bucket boundary of that histogram
     (``buckets.INTER_TOKEN_LATENCY_BUCKETS``), so that the histogram can be read against it.
     The ``itl`` SLI judges each request by its worst gap instead
     (``itl_stall_threshold_seconds``)."""

@@ -151,17 +151,18 @@ class PrometheusSink:
                 kept[request_duration] += [
                     (r.duration, r.exemplar) for r in mine if r.exemplar is not None
                 ]
+        # A first token is a streamed answer's; a non-streamed one's "first" body is its
+        # whole answer, kept apart so that no TTFT figure reads a generation.
         answered = [r for r in records if r.ttft is not None]
         for size, mine in _grouped(answered, _PROMPT_SIZE):
             ttft = series.ttft(size)
-            observed[ttft] += [r.ttft for r in mine if r.ttft is not None]
-            if keep:
-                kept[ttft] += [
-                    (r.ttft, r.exemplar)
-                    for r in mine
-                    if r.exemplar is not None and r.ttft is not None
-                ]
-        ttfats = [r.ttfat for r in records if r.ttfat is not None]
+            whole = [r for r in mine if not r.streamed]
+            if whole:
+                mine = [r for r in mine if r.streamed]
+                self._observe(series.non_streamed(size), whole, observed, kept)
+            if mine:
+                self._observe(ttft, mine, observed, kept)
+        ttfats = [r.ttfat for r in records if r.ttfat is not None and r.streamed]
         if ttfats:
             observed[series.ttfat()] += ttfats
         gaps = list(chain.from_iterable([r.gaps for r in records]))
@@ -172,9 +173,9 @@ class PrometheusSink:
                 kept[itl] += [
                     (max(r.gaps), r.exemplar) for r in records if r.exemplar is not None and r.gaps
                 ]
-        upstream_ttfts = [r.upstream_ttft for r in records if r.upstream_ttft is not None]
-        if upstream_ttfts:
-            observed[series.upstream_ttft()] += upstream_ttfts
+        upstream = [r for r in records if r.upstream_ttft is not None]
+        for size, mine in _grouped(upstream, _PROMPT_SIZE):
+            observed[series.upstream_ttft(size)] += [r.upstream_ttft for r in mine]
         # What a record holds several of, or rarely: one pass, gathered by label value.
         stages: defaultdict[str, list[float]] = defaultdict(list)
         phases: defaultdict[str, list[float]] = defaultdict(list)
@@ -215,6 +216,23 @@ class PrometheusSink:
             added[billing.cached_input] += sum([b.cached_input_tokens for b in theirs])
             added[billing.reasoning] += sum([b.reasoning_tokens for b in theirs])
             added[billing.cost] += sum([b.cost_usd for b in theirs])
+
+    def _observe(
+        self,
+        histogram: FastHistogram,
+        records: Sequence[RequestRecord],
+        observed: _Observed,
+        kept: _Exemplars,
+    ) -> None:
+        """Each record's ``ttft`` into ``histogram``, and its sampled ones as exemplar
+        candidates."""
+        observed[histogram] += [r.ttft for r in records if r.ttft is not None]
+        if self._keep_exemplars:
+            kept[histogram] += [
+                (r.ttft, r.exemplar)
+                for r in records
+                if r.exemplar is not None and r.ttft is not None
+            ]
 
     def _collect_each(
         self, batch: Sequence[RequestRecord], failed: list[Exception]

@@ -145,7 +145,9 @@ class Telemetry:
                 else PriceTable.default()
             )
         self.prices = prices
-        self.tenants = TenantLimiter(self.settings.tenants, self.settings.max_tenants)
+        self.tenants = TenantLimiter(
+            self.settings.tenants, self.settings.max_tenants, self.settings.daily_budgets_usd
+        )
         self.models = ModelLabels(
             self.settings.models, self.settings.max_models, default=self.settings.default_model
         )

@@ -7,11 +7,32 @@ can lack one of them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
+from stagelens.slo.alert_names import DASHBOARD_ENGINE_GPU, DASHBOARD_TOKENS_COST
 from stagelens.slo.config import BurnWindow, SloConfig, duration_seconds
 
 Rule = dict[str, Any]
+
+DASHBOARD_VARIABLES: Final[tuple[str, ...]] = ("cluster", "namespace", "model")
+"""Variables every dashboard has: an alert carrying the label opens the dashboard on it."""
+MORE_VARIABLES: Final[dict[str, tuple[str, ...]]] = {
+    DASHBOARD_TOKENS_COST: ("tenant",),
+    DASHBOARD_ENGINE_GPU: ("gpu",),
+}
+"""Variables of one dashboard alone (tests/dashboards checks each exists)."""
+
+
+def dashboard_url(cfg: SloConfig, dashboard: str) -> str:
+    """``<grafana_url>/d/<uid>``, its variables set to the alert's labels where it has them
+    (an alert template: Alertmanager and Grafana's alert list fill it in), over the
+    dashboard's own time range."""
+    names = (*DASHBOARD_VARIABLES, *MORE_VARIABLES.get(dashboard, ()))
+    variables = "".join(
+        f"{{{{ with $labels.{name} }}}}&var-{name}={{{{ . | urlquery }}}}{{{{ end }}}}"
+        for name in names
+    )
+    return f"{cfg.grafana_url.rstrip('/')}/d/{dashboard}?from=now-1h&to=now{variables}"
 
 
 def alert_rule(
@@ -34,7 +55,7 @@ def alert_rule(
         "summary": summary,
         "description": description,
         "runbook_url": f"{cfg.runbook_base_url}#{name.lower()}",
-        "dashboard_url": f"{cfg.grafana_url.rstrip('/')}/d/{dashboard}",
+        "dashboard_url": dashboard_url(cfg, dashboard),
     }
     return rule
 

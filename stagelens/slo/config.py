@@ -98,8 +98,10 @@ class SloConfig(BaseModel):
     """A streamed request meets the TTFT SLO when its TTFT is <= this. Always the gateway's
     ``STAGELENS_TTFT_SLO_THRESHOLD_SECONDS``; must be a TTFT bucket boundary."""
     itl_threshold_seconds: float = Field(default_factory=lambda: gateway_thresholds()[1])
-    """A streamed request meets the ITL SLO when its mean inter-token latency is <= this.
-    Always the gateway's ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``; an ITL bucket boundary."""
+    """The dashed line of the inter-token latency charts (an ITL bucket boundary); no alert
+    reads it: the ``itl`` SLI judges each stream by its worst gap (the gateway's
+    ``itl_stall_threshold_seconds``). Always the gateway's
+    ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``."""
     answer_threshold_seconds: float = Field(default_factory=gateway_answer_threshold)
     """A streamed request meets the ``answer`` SLO when its first answer token (not
     reasoning) came within this. Always the gateway's
@@ -169,19 +171,25 @@ class SloConfig(BaseModel):
     """Requests waiting in one engine's queue above which it counts as saturated."""
     engine_kv_usage_threshold: float = Field(default=0.9, gt=0, le=1)
     engine_saturation_for: str = "10m"
-    backend_job_regex: str = ".*vllm.*"
-    """Prometheus ``job`` of the vLLM backends (ServiceMonitor: the Service's name)."""
-    gpu_exporter_job_regex: str = ".*gpu.*"
-    """Prometheus ``job`` of stagelens' GPU exporter (``stagelens-gpu-exporter``)."""
-    dcgm_job_regex: str = ".*dcgm.*"
-    """Prometheus ``job`` of NVIDIA's DCGM exporter."""
+    backend_job_regex: str = "vllm"
+    """Prometheus ``job`` of the vLLM backends: the name ``deploy/`` gives them (the
+    PodMonitor's ``app.kubernetes.io/name``). A regex, anchored as Prometheus anchors every
+    matcher: ``vllm|vllm-large`` adds a second job; never a pattern such as ``.*vllm.*``
+    that also matches jobs of other stacks."""
+    gpu_exporter_job_regex: str = "stagelens-gpu-exporter"
+    """Prometheus ``job`` of stagelens' GPU exporter (``stagelens gpu-exporter``); a regex."""
+    dcgm_job_regex: str = "nvidia-dcgm-exporter|dcgm-exporter"
+    """Prometheus ``job`` of NVIDIA's DCGM exporter (the GPU operator's Service, or the
+    dcgm-exporter chart's); a regex."""
     backend_down_for: str = "5m"
     target_down_for: str = "5m"
     """StagelensTargetDown: one gateway, GPU-exporter or DCGM target failing its scrapes."""
-    target_vanished_window: str = "1h"
-    """StagelensTargetVanished: a target scraped within this window that has no ``up``
-    series now (removed from service discovery, its pod gone) opens a ticket."""
-    target_vanished_for: str = "5m"
+    target_vanished_window: str = "2h"
+    """StagelensTargetVanished: a job with fewer targets scraped than its median over this
+    window (removed from service discovery, a pod gone and not replaced) opens a ticket. A
+    count, not addresses: a rollout's new pods replace the old ones. It resolves once the
+    lower count has lasted half the window, or when the targets come back."""
+    target_vanished_for: str = "15m"
     traffic_window: str = "15m"
     """StagelensTrafficStopped: a model that served no request over this window..."""
     traffic_baseline_window: str = "1h"
@@ -195,10 +203,18 @@ class SloConfig(BaseModel):
     """StagelensGPUSaturated keeps firing this long for a GPU whose last reading was
     saturated and whose gauge then vanished (exporter or DCGM target gone)."""
     grafana_url: str = "http://localhost:3000"
-    """Grafana's base URL: every alert's ``dashboard_url`` is ``<this>/d/<uid>``."""
+    """Grafana's base URL: every alert's ``dashboard_url`` is ``<this>/d/<uid>``, with the
+    dashboard's ``cluster``, ``namespace`` and ``model`` variables (and ``tenant``, ``gpu``
+    where it has them) set to the alert's labels."""
     no_backend_for: str = "2m"
-    gateway_job_regex: str = ".*gateway.*"
-    """Prometheus ``job`` of the instrumented gateway."""
+    gateway_job_regex: str = "stagelens-gateway"
+    """Prometheus ``job`` of the instrumented gateway: the name ``deploy/`` gives it (the
+    ServiceMonitor's ``app.kubernetes.io/name``); a regex, as ``backend_job_regex``. Never
+    ``.*gateway.*``: it matches ``prometheus-pushgateway`` too."""
+    absence_lookback: str = "1d"
+    """StagelensGatewayAbsent and StagelensNoBackendUp judge each (cluster, namespace, job)
+    scraped within this long: one that has had no target up since pages, until it has been
+    gone this long (a namespace retired on purpose: silence it, or it resolves then)."""
     gateway_absent_for: str = "2m"
     self_monitoring_for: str = "15m"
     """Spans dropped, telemetry errors: how long they must go on before a ticket."""
@@ -212,6 +228,15 @@ class SloConfig(BaseModel):
     gpu_hourly_cost_usd: float = Field(default=2.0, ge=0)
     """Price of one GPU-hour, for the dashboards' GPU-time cost per token."""
     runbook_base_url: str = "https://github.com/stagelens/stagelens/blob/main/alerts/runbook.md"
+    """Where alerts/runbook.md is read: every alert's ``runbook_url`` is ``<this>#<alert>``.
+    The default is the ``Runbook`` URL pyproject.toml declares (the project's repository);
+    set it to where your copy is served (your fork, your wiki) when you change the SLO
+    config, since the runbook is rendered from it."""
+    billing_drift_by: tuple[str, ...] = ("cluster",)
+    """Labels the billed and the generated output tokens are summed and compared by
+    (StagelensBillingDrift). Not ``namespace`` by default: vLLM often runs in a namespace
+    of its own, where no gateway bills, and the two sides would never meet. Add it where
+    environments share a cluster and each runs its gateway and vLLM in one namespace."""
     deploy: DeployConfig = Field(default_factory=DeployConfig)
 
     @field_validator(
@@ -237,6 +262,7 @@ class SloConfig(BaseModel):
         "gpu_vanished_hold",
         "no_backend_for",
         "gateway_absent_for",
+        "absence_lookback",
         "self_monitoring_for",
         "gpu_collector_down_for",
         "billing_drift_for",

@@ -11,7 +11,7 @@ from stagelens.slo.recording_rules import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     GENERATED_TOKENS_RECORD,
-    by,
+    cost_pace_record,
     cost_projected_record,
 )
 
@@ -22,19 +22,25 @@ def cost_alerts(cfg: SloConfig) -> list[Rule]:
         alert_rule(
             cfg,
             sc.ALERT_COST_BUDGET_BURN,
+            # The page is for money being spent now: the pace itself above the cap's, on
+            # both windows. Spend already made (a tenant that stopped) is the ticket's.
             (
                 f"{cost_projected_record('1h')} > {multiple!r}\n"
-                f"and\n{cost_projected_record('5m')} > {multiple!r}"
+                f"and\n{cost_projected_record('5m')} > {multiple!r}\n"
+                f"and\n{cost_pace_record('1h')} > 1\n"
+                f"and\n{cost_pace_record('5m')} > 1"
             ),
             cfg.cost_page_for,
             "page",
-            "Tenant {{ $labels.tenant }} on course to spend "
-            f"{multiple:g}x its daily cap within {cfg.cost_page_horizon}",
+            "Tenant {{ $labels.tenant }} spending past its daily cap's pace, on course to "
+            f"{multiple:g}x its cap within {cfg.cost_page_horizon}",
             (
-                "Spend of tenant {{ $labels.tenant }} over the last 24h plus "
-                f"{cfg.cost_page_horizon} more at the pace of the last hour (and of the last "
-                "5 minutes) reaches {{ $value | humanizePercentage }} of its daily cap "
-                '(stagelens_budget_usd{window="1d"}).'
+                "Tenant {{ $labels.tenant }} spends faster than its daily cap allows "
+                '(stagelens_budget_usd{window="1d"}) over the last hour and the last 5 '
+                "minutes, and its spend over the last 24h plus "
+                f"{cfg.cost_page_horizon} more at that pace reaches "
+                "{{ $value | humanizePercentage }} of the cap. Once it stops spending, the page "
+                "resolves; what it spent stays a ticket."
             ),
             dashboard=DASHBOARD_TOKENS_COST,
         ),
@@ -55,7 +61,7 @@ def cost_alerts(cfg: SloConfig) -> list[Rule]:
 
 
 def billing_alert(cfg: SloConfig) -> Rule:
-    grouping = by(cfg) or "instance"
+    grouping = ", ".join(cfg.billing_drift_by)
     return alert_rule(
         cfg,
         ALERT_BILLING_DRIFT,
@@ -69,7 +75,8 @@ def billing_alert(cfg: SloConfig) -> Rule:
         "Billed output tokens drift from what the engines generated",
         (
             "Over the last hour, (generated - billed) / generated output tokens, all models "
-            "of the environment, is {{ $value | humanizePercentage }} (threshold "
+            f"of the {' and '.join(cfg.billing_drift_by) or 'Prometheus'}, is "
+            "{{ $value | humanizePercentage }} (threshold "
             f"{cfg.billing_drift_threshold:g}); vllm:generation_tokens_total against "
             'stagelens_tokens_total{type="output"}.'
         ),

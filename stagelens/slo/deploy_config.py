@@ -23,3 +23,8 @@ class DeployConfig(BaseModel):
     served_model_name: str = "llama-3.1-8b"
     vllm_replicas: int = Field(default=2, ge=1)
     gpus_per_vllm: int = Field(default=1, ge=1)
+    page_webhook_url: str = "http://pager.example.invalid/stagelens/page"
+    """Alertmanager's ``page`` receiver (deploy/alertmanager): a placeholder to replace with
+    your pager's webhook, or the receiver with one of Alertmanager's integrations."""
+    ticket_webhook_url: str = "http://tickets.example.invalid/stagelens/ticket"
+    """Alertmanager's ``ticket`` receiver: a placeholder, as ``page_webhook_url``."""

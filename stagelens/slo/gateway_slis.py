@@ -9,6 +9,8 @@ from stagelens.config import Settings, load_settings
 
 DEFAULT_ITL_THRESHOLD_SECONDS: Final = 0.1
 """The gateway's default ``itl_slo_threshold_seconds`` (used while the setting is absent)."""
+DEFAULT_STALL_SECONDS: Final = 1.0
+"""The gateway's default ``itl_stall_threshold_seconds`` (used while the setting is absent)."""
 
 
 def gateway_thresholds(settings: Settings | None = None) -> tuple[float, float]:
@@ -17,6 +19,13 @@ def gateway_thresholds(settings: Settings | None = None) -> tuple[float, float]:
     settings = settings if settings is not None else load_settings()
     itl = getattr(settings, "itl_slo_threshold_seconds", DEFAULT_ITL_THRESHOLD_SECONDS)
     return float(settings.ttft_slo_threshold_seconds), float(itl)
+
+
+def gateway_stall_threshold(settings: Settings | None = None) -> float:
+    """The worst inter-token gap (seconds) above which the gateway counts a stream bad for
+    the ``itl`` SLI: ``settings``, or the ``STAGELENS_*`` environment."""
+    settings = settings if settings is not None else load_settings()
+    return float(getattr(settings, "itl_stall_threshold_seconds", DEFAULT_STALL_SECONDS))
 
 
 def gateway_answer_threshold(settings: Settings | None = None) -> float:

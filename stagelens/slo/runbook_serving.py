@@ -13,7 +13,9 @@ from stagelens.slo.recording_rules import (
     ENGINE_PREEMPTIONS_RECORD,
     ENGINE_WAITING_RECORD,
     GENERATED_TOKENS_RECORD,
+    GPU_HOST_RECORD,
     GPU_SM_ACTIVE_RECORD,
+    cost_pace_record,
     cost_projected_record,
     kv_hit_ratio_record,
 )
@@ -31,14 +33,20 @@ def cost_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=sc.ALERT_COST_BUDGET_BURN,
             meaning=(
-                f"`page`: a tenant's spend over the last 24h plus {cfg.cost_page_horizon} more at "
-                "the pace of the last hour (and of the last 5 minutes) would reach "
-                f"{cfg.cost_page_multiple:g}x its daily cap: runaway spend. `ticket`: its spend "
-                "over the last 24h is above the cap. A batch that spends its whole cap in three "
-                "hours triggers neither."
+                "`page`: a tenant spends now, over the last hour and the last 5 minutes, "
+                "faster than its daily cap allows (pace above 1.0: the cap in under a day), and "
+                f"its spend over the last 24h plus {cfg.cost_page_horizon} more at that pace "
+                f"would reach {cfg.cost_page_multiple:g}x the cap: runaway spend. It resolves "
+                "within minutes of the spending stopping: money already spent is no emergency. "
+                "`ticket`: its spend over the last 24h is above the cap (it stays until the "
+                "spend leaves the 24h window). A batch that spends its whole cap in three hours "
+                "triggers neither. Budgeted tenants always keep their own `tenant` label, "
+                "whatever the allow-list (STAGELENS_TENANTS): a budget is never folded into "
+                "`other`."
             ),
             impact="Money: the tenant (or a loop in its client) spends beyond what was agreed.",
             promql=(
+                f'{cost_pace_record("5m")}{{tenant="TENANT"}}',
                 f'{cost_projected_record("1h")}{{tenant="TENANT"}}',
                 f'{COST_SPENT_RECORD}{{tenant="TENANT"}}',
                 f'sum by (model) (rate({sc.TOKENS}{{tenant="TENANT"}}[5m]))',
@@ -130,10 +138,20 @@ def engine_entries(cfg: SloConfig) -> list[Entry]:
                 "so a GPU both exporters see is one alert. When its gauge vanishes (the "
                 "exporter or DCGM target gone) while its last reading was saturated, it keeps "
                 f"firing for {cfg.gpu_vanished_hold}: losing the sight of a busy GPU is no "
-                "resolution (StagelensTargetVanished and StagelensGPUCollectorDown say why)."
+                "resolution (StagelensTargetVanished and StagelensGPUCollectorDown say why). The "
+                "alert names the GPU's `host` (the stagelens exporter's instance, else DCGM's "
+                "`Hostname`). It needs SM activity readings: NVML GPM (Hopper and newer GPUs; "
+                "stagelens_gpu_sm_active_ratio) or DCGM's profiling field "
+                "DCGM_FI_PROF_SM_ACTIVE (off in dcgm-exporter's default counters on some "
+                "versions). On other GPUs, or without either, it never fires; the Engine and GPU "
+                "dashboard's SM activity line is then empty, which says so."
             ),
             impact="No headroom: more load raises latency on that GPU's engine.",
-            promql=(f'{GPU_SM_ACTIVE_RECORD}{{uuid="UUID"}}',),
+            promql=(
+                f'{GPU_SM_ACTIVE_RECORD}{{uuid="UUID"}}',
+                f'{GPU_HOST_RECORD}{{uuid="UUID"}}',
+                f"count({GPU_SM_ACTIVE_RECORD})",
+            ),
             traceql='{ span.stagelens.stage = "inference" && duration > 2s }',
             panels=((ENGINE_GPU, "GPU SM activity vs kernel time"),),
             actions=(

@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Final
 
 from stagelens import semconv as sc
+from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
 from stagelens.slo import alert_rules as ar
 from stagelens.slo.config import SloConfig
+from stagelens.slo.gateway_slis import gateway_stall_threshold
 from stagelens.slo.recording_rules import (
+    CLASSED_SLIS,
+    INFERENCE_BUDGET_RECORD,
     STAGE_BUDGET_RECORD,
+    TTFT_THRESHOLD_RECORD,
+    class_error_ratio_record,
+    inference_latency_record,
     sli_error_ratio_record,
     stage_latency_record,
     ttft_p95_record,
@@ -20,6 +27,9 @@ from stagelens.slo.runbook_entry import (
     Entry,
 )
 
+CLASS: Final = 'model="MODEL", prompt_size="PROMPT_SIZE"'
+"""Selector of the alert's model and prompt-size class."""
+
 _SLI_PANEL: Final[dict[str, str]] = {
     sc.SLI_AVAILABILITY: "Availability",
     sc.SLI_TTFT: "TTFT",
@@ -27,6 +37,20 @@ _SLI_PANEL: Final[dict[str, str]] = {
     sc.SLI_GOODPUT: "Goodput",
     sc.SLI_ANSWER: "Time to first answer token",
 }
+
+
+def _stalls(sli: str) -> tuple[str, ...]:
+    """For the ITL burn: inter-token gaps per second longer than the gateway's stall
+    threshold (a bucket bound of the ITL histogram, else the next one up); with exemplars
+    shown, each dot is a sampled request's worst gap and opens its trace."""
+    if sli != sc.SLI_ITL:
+        return ()
+    stall = gateway_stall_threshold()
+    bound = next((b for b in INTER_TOKEN_LATENCY_BUCKETS if b >= stall), None)
+    if bound is None:
+        return ()
+    itl = f'{sc.INTER_TOKEN_LATENCY}_bucket{{model="MODEL"'
+    return (f'sum(rate({itl}, le="+Inf"}}[5m])) - sum(rate({itl}, le="{bound:g}"}}[5m]))',)
 
 
 def burn_entry(cfg: SloConfig, sli: str) -> Entry:
@@ -38,7 +62,11 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
         f"of requests bad; at least {cfg.request_floor(sli, w)} requests in the {w.long})"
         for w in windows
     )
-    selector = f'{{{sc.LABEL_SLI}="{sli}", model="MODEL"}}'
+    classed = sli in CLASSED_SLIS
+    where = CLASS if classed else 'model="MODEL"'
+    selector = f'{{{sc.LABEL_SLI}="{sli}", {where}}}'
+    keep = "model, sli, prompt_size" if classed else "model, sli"
+    ratio = class_error_ratio_record(sli, "1h") if classed else sli_error_ratio_record("1h")
     ttft = cfg.ttft_threshold_seconds
     classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
     bad = {
@@ -59,9 +87,12 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
     }[sli]
     trace = {
         sc.SLI_AVAILABILITY: f"{{ {SERVICE} && span.http.response.status_code >= 500 }}",
-        sc.SLI_TTFT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
+        sc.SLI_TTFT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > THRESHOLD }}",
+        # A stall has no span attribute of its own: the ITL histogram's exemplars (the
+        # PromQL below, with exemplars on) lead to stalled requests; this finds the streams
+        # that broke after their first token.
         sc.SLI_ITL: '{ span.stagelens.stage = "inference" && span.gen_ai.request.stream = true '
-        "&& duration > 5s }",
+        "&& status = error }",
         sc.SLI_GOODPUT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
         sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > "
         f"{cfg.answer_threshold_seconds:g} }}",
@@ -84,9 +115,10 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
             "`ticket`: the budget will run out before the period ends if nothing changes."
         ),
         promql=(
-            f"{sli_error_ratio_record('1h')}{selector}",
-            f'sum by (model, sli) (rate({sc.SLI_ERRORS}{{model="MODEL"}}[5m])) / '
-            f'sum by (model, sli) (rate({sc.SLI_REQUESTS}{{model="MODEL"}}[5m]))',
+            f"{ratio}{selector}",
+            f"sum by ({keep}) (rate({sc.SLI_ERRORS}{selector}[5m])) / "
+            f"sum by ({keep}) (rate({sc.SLI_REQUESTS}{selector}[5m]))",
+            *_stalls(sli),
         ),
         traceql=trace,
         panels=(
@@ -118,9 +150,10 @@ def latency_entries(cfg: SloConfig) -> list[Entry]:
             ),
             impact="Some users wait longer than the objective for the first token; no page.",
             promql=(
-                f'{ttft_p95_record(cfg.ttft_p95_window)}{{model="MODEL"}}',
+                f"{ttft_p95_record(cfg.ttft_p95_window)}{{{CLASS}}}",
                 "histogram_quantile(0.95, sum by (le) "
-                f'(rate({sc.TIME_TO_FIRST_TOKEN}_bucket{{model="MODEL"}}[5m])))',
+                f"(rate({sc.TIME_TO_FIRST_TOKEN}_bucket{{{CLASS}}}[5m])))",
+                f'{TTFT_THRESHOLD_RECORD}{{prompt_size="PROMPT_SIZE"}}',
             ),
             traceql=(
                 '{ span.stagelens.stage = "inference" && span.gen_ai.request.model = "MODEL" } '
@@ -142,13 +175,18 @@ def latency_entries(cfg: SloConfig) -> list[Entry]:
             meaning=(
                 "p95 of one stage stayed above its latency budget (stagelens_stage_budget_seconds"
                 f") for {cfg.stage_budget_for}. For `inference` the budget applies to the time to "
-                "the first upstream token (stagelens_upstream_time_to_first_token_seconds); the "
-                "decode that follows is no stage's to meet."
+                "the first upstream token (stagelens_upstream_time_to_first_token_seconds), per "
+                "model and prompt-size class (the alert names both), against the larger of the "
+                f"stage's budget and the class's TTFT threshold ({classes}): prefill grows with "
+                "the prompt, and a class the TTFT SLO gives seconds is not held to the stage's "
+                "budget. The decode that follows is no stage's to meet."
             ),
             impact="Time to first token grows by that stage's overrun for every request.",
             promql=(
                 f'{stage_latency_record(cfg.stage_latency_window)}{{stage="STAGE"}}',
                 f'{STAGE_BUDGET_RECORD}{{stage="STAGE"}}',
+                f"{inference_latency_record(cfg.stage_latency_window)}{{{CLASS}}}",
+                f"{INFERENCE_BUDGET_RECORD}{{{CLASS}}}",
             ),
             traceql='{ span.stagelens.stage = "STAGE" && duration > 100ms }',
             panels=(

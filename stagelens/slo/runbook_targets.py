@@ -5,6 +5,7 @@ from __future__ import annotations
 from stagelens import semconv as sc
 from stagelens.slo import alert_rules as ar
 from stagelens.slo.config import SloConfig
+from stagelens.slo.recording_rules import TARGETS_RECORD
 from stagelens.slo.runbook_entry import (
     ENGINE_GPU,
     REQUEST_PATH,
@@ -24,7 +25,7 @@ def target_entries(cfg: SloConfig) -> list[Entry]:
                 "balancer health-checks backends and routes around a dead one."
             ),
             impact="Less capacity; requests still succeed on the other backends.",
-            promql=(f'up{{job=~"{cfg.backend_job_regex}"}} == 0',),
+            promql=(f'up{{job=~"{cfg.backend_job_regex}", namespace="NAMESPACE"}} == 0',),
             traceql=(
                 '{ span.stagelens.stage = "inference" && span.server.address = "HOST" '
                 "&& status = error }"
@@ -37,15 +38,24 @@ def target_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_NO_BACKEND_UP,
             meaning=(
-                f"No target of the backend jobs (job=~`{cfg.backend_job_regex}`) answered a "
-                f"scrape for {cfg.no_backend_for}, or none is scraped at all (a vanished target "
-                "leaves no `up` series; `absent()` catches it). Also fires on a new install "
-                "whose PodMonitor or ServiceMonitor does not reach vLLM."
+                f"In one cluster and namespace, no target of a backend job (job=~"
+                f"`{cfg.backend_job_regex}`, the name `deploy/` gives vLLM) answered a scrape for "
+                f"{cfg.no_backend_for}: all are down, or none is scraped there any more though "
+                f"one was within {cfg.absence_lookback} (a vanished target leaves no `up` series, "
+                "so `up == 0` never says so). Judged per (cluster, namespace, job), with those "
+                "labels on the alert: staging's backends still scraped do not hide production's. "
+                "Also fires, without them, when no backend target is scraped anywhere (a new "
+                "install whose PodMonitor does not reach vLLM). While it fires, Alertmanager "
+                "(deploy/alertmanager) holds back the SLO burn pages and the backend tickets of "
+                "the same namespace: one cause, one page."
             ),
             impact="Every request that needs inference fails (503 from the load balancer).",
             promql=(
-                f'up{{job=~"{cfg.backend_job_regex}"}}',
-                f'sum by (code) (rate({sc.REJECTIONS}{{stage="load_balancer"}}[5m]))',
+                f'up{{job=~"{cfg.backend_job_regex}", namespace="NAMESPACE"}}',
+                f'max_over_time(up{{job=~"{cfg.backend_job_regex}", namespace="NAMESPACE"}}'
+                f"[{cfg.absence_lookback}])",
+                f'sum by (code) (rate({sc.REJECTIONS}{{stage="load_balancer", '
+                'namespace="NAMESPACE"}[5m]))',
             ),
             traceql=f'{{ {SERVICE} && span.stagelens.rejected_by = "load_balancer" }}',
             panels=((REQUEST_PATH, "Rejections by stage"),),
@@ -57,12 +67,21 @@ def target_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_GATEWAY_ABSENT,
             meaning=(
-                f"No target of the gateway jobs (job=~`{cfg.gateway_job_regex}`) answered a "
-                f"scrape for {cfg.gateway_absent_for}, or none is scraped at all."
+                f"In one cluster and namespace, no target of a gateway job (job=~"
+                f"`{cfg.gateway_job_regex}`, the name `deploy/` gives it; a pushgateway is no "
+                f"gateway) answered a scrape for {cfg.gateway_absent_for}: all down, or none "
+                f"scraped there any more though one was within {cfg.absence_lookback}. Judged "
+                "per (cluster, namespace, job), with those labels on the alert; without them, "
+                "no gateway target is scraped anywhere. StagelensTrafficStopped waits while it "
+                "fires, and Alertmanager holds back the SLO burn pages of the namespace."
             ),
             impact="Either the gateway is down (users get connection errors) or every SLO "
             "alert is blind.",
-            promql=(f'up{{job=~"{cfg.gateway_job_regex}"}}',),
+            promql=(
+                f'up{{job=~"{cfg.gateway_job_regex}", namespace="NAMESPACE"}}',
+                f'max_over_time(up{{job=~"{cfg.gateway_job_regex}", namespace="NAMESPACE"}}'
+                f"[{cfg.absence_lookback}])",
+            ),
             traceql=f"{{ {SERVICE} }}",
             panels=((REQUEST_PATH, "Request rate by code"),),
             actions=(
@@ -75,6 +94,7 @@ def target_entries(cfg: SloConfig) -> list[Entry]:
 
 def silence_entries(cfg: SloConfig) -> list[Entry]:
     jobs = ar.monitored_jobs(cfg)
+    others = "|".join((cfg.gateway_job_regex, cfg.gpu_exporter_job_regex, cfg.dcgm_job_regex))
     return [
         Entry(
             alert=ar.ALERT_TARGET_DOWN,
@@ -85,7 +105,7 @@ def silence_entries(cfg: SloConfig) -> list[Entry]:
             ),
             impact="A gateway replica: less capacity, and its requests are missing from every "
             "SLI. An exporter: its GPUs are blind (panels, StagelensGPUSaturated).",
-            promql=(f'up{{job=~"{jobs}"}} == 0',),
+            promql=(f'up{{job=~"{others}"}} == 0',),
             traceql=f"{{ {SERVICE} }} | by(resource.host.name) | count() > 0",
             panels=((REQUEST_PATH, "Request rate by code"),),
             actions=(
@@ -97,16 +117,21 @@ def silence_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_TARGET_VANISHED,
             meaning=(
-                f"A target (job=~`{jobs}`) scraped within the last {cfg.target_vanished_window} "
-                f"has had no `up` series for {cfg.target_vanished_for}: service discovery "
-                "dropped it. `up == 0` never fires for a target nobody scrapes any more. "
-                "Expected after a deliberate scale-down (it resolves once the target is "
-                f"{cfg.target_vanished_window} gone)."
+                f"A job (job=~`{jobs}`) has had fewer targets scraped than its median over the "
+                f"last {cfg.target_vanished_window}, for {cfg.target_vanished_for}: service "
+                "discovery dropped some (a pod gone and not replaced, a monitor or its selector "
+                "changed). `up == 0` never fires for a target nobody scrapes any more. Counted "
+                "per (cluster, namespace, job), never by address: a rolling update replaces "
+                "pods (new addresses, the same count) and opens nothing. Expected after a "
+                "deliberate scale-down: it resolves once the lower count has lasted half the "
+                "window."
             ),
             impact="Every alert that reads its series is silent for it: blind, not green.",
             promql=(
-                f'max_over_time(up{{job=~"{jobs}"}}[{cfg.target_vanished_window}]) '
-                f'unless up{{job=~"{jobs}"}}',
+                f'{TARGETS_RECORD}{{job="JOB", namespace="NAMESPACE"}}',
+                f'quantile_over_time(0.5, {TARGETS_RECORD}{{job="JOB", namespace="NAMESPACE"}}'
+                f"[{cfg.target_vanished_window}])",
+                'up{job="JOB", namespace="NAMESPACE"}',
             ),
             traceql=f"{{ {SERVICE} }}",
             panels=((ENGINE_GPU, "GPU SM activity vs kernel time"),),
@@ -197,14 +222,20 @@ def self_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_GPU_COLLECTOR_DOWN,
             meaning=(
-                f"stagelens_gpu_collector_up was 0, or absent (its target down or gone), for "
-                f"{cfg.gpu_collector_down_for} on a host "
-                "where NVML answered within the last day: the GPU collector lost NVML. A host "
-                "that never had a GPU (a CPU-only gateway with nvidia-ml-py installed reports 0 "
-                "from the start) never fires; nor does one whose driver never worked."
+                f"stagelens_gpu_collector_up was 0 for {cfg.gpu_collector_down_for} on an "
+                "instance where NVML answered within the last day (the GPU collector lost "
+                "NVML; the alert names the instance), or no target of a job reports it any "
+                "more though one did within the last day (its targets down or gone; the alert "
+                "names the job, not an address: a pod that moved to a new address and reports "
+                "again is no loss). A host that never had a GPU (a CPU-only gateway with "
+                "nvidia-ml-py installed reports 0 from the start) never fires; nor does one "
+                "whose driver never worked."
             ),
             impact="GPU panels and StagelensGPUSaturated are blind on that host.",
-            promql=(f"{sc.GPU_COLLECTOR_UP} == 0",),
+            promql=(
+                f"{sc.GPU_COLLECTOR_UP} == 0",
+                f'max by (instance) (max_over_time({sc.GPU_COLLECTOR_UP}{{job="JOB"}}[1d]))',
+            ),
             traceql='{ span.stagelens.stage = "inference" }',
             panels=((ENGINE_GPU, "GPU memory used"),),
             actions=(

@@ -3,6 +3,7 @@ p95 TTFT symptom ticket."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Final
 
 from stagelens import semconv as sc
@@ -10,12 +11,13 @@ from stagelens.slo.alert_names import BURN_ALERTS, DASHBOARD_SLOS
 from stagelens.slo.alerting import Rule, alert_rule, shortest_for
 from stagelens.slo.config import SloConfig, duration_seconds
 from stagelens.slo.recording_rules import (
+    CLASSED_SLIS,
     TTFT_THRESHOLD_RECORD,
     by,
+    class_error_ratio_record,
+    class_requests_record,
     sli_error_ratio_record,
     sli_requests_record,
-    ttft_class_error_ratio_record,
-    ttft_class_requests_record,
     ttft_p95_record,
 )
 
@@ -55,8 +57,12 @@ def _burn_records(sli: str) -> tuple[Any, Any, str]:
     """(requests record, error-ratio record, selector) a burn of ``sli`` reads: TTFT per
     prompt-size class, the others per model."""
     selector = f'{{{sc.LABEL_SLI}="{sli}"}}'
-    if sli == sc.SLI_TTFT:
-        return ttft_class_requests_record, ttft_class_error_ratio_record, selector
+    if sli in CLASSED_SLIS:
+        return (
+            partial(class_requests_record, sli),
+            partial(class_error_ratio_record, sli),
+            selector,
+        )
     return sli_requests_record, sli_error_ratio_record, selector
 
 

@@ -3,6 +3,8 @@ counters missing; and stagelens' own telemetry failing."""
 
 from __future__ import annotations
 
+from typing import Final
+
 from stagelens import semconv as sc
 from stagelens.slo.alert_names import (
     ALERT_BACKEND_DOWN,
@@ -21,18 +23,35 @@ from stagelens.slo.alert_names import (
 )
 from stagelens.slo.alerting import Rule, alert_rule
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import by
+from stagelens.slo.recording_rules import TARGETS_RECORD, by, monitored_jobs
+
+__all__ = ["monitored_jobs", "none_up", "self_alerts", "silence_alerts", "target_alerts"]
 
 
 def none_up(cfg: SloConfig, job_regex: str) -> str:
-    """No target of the jobs matching ``job_regex`` is up: all are down, or none is scraped
-    at all (a vanished target leaves no ``up`` series, so ``up == 0`` alone never fires)."""
+    """Per (cluster, namespace, job): a job of ``job_regex`` scraped there within
+    ``absence_lookback`` that has no target up now, all down or none scraped any more (a
+    vanished target leaves no ``up`` series, so ``up == 0`` alone never fires); or no target
+    of those jobs scraped anywhere within that time (a first install whose monitor reaches
+    nothing), which no alert of the first kind already says.
+
+    Why per environment: one ``absent()`` over the whole Prometheus stays quiet for a
+    production job that vanished while staging's is still scraped."""
     grouping = by(cfg, "job")
     up = f'up{{job=~"{job_regex}"}}'
     return (
-        f"count by ({grouping}) ({up})\nunless on ({grouping})\n"
-        f"count by ({grouping}) ({up} == 1)\nor\nabsent({up})"
+        f"group by ({grouping}) (max_over_time({up}[{cfg.absence_lookback}]))\n"
+        f"unless on ({grouping})\n"
+        f"group by ({grouping}) ({up} == 1)\nor\n"
+        f"absent_over_time({up}[{cfg.absence_lookback}])"
     )
+
+
+WHERE: Final = (
+    "{{ with $labels.namespace }} in {{ . }}{{ end }}{{ with $labels.cluster }} ({{ . }}){{ end }}"
+)
+"""Template text naming the alert's namespace and cluster, where it has them."""
+JOB: Final = "{{ with $labels.job }}{{ . }}{{ end }}"
 
 
 def target_alerts(cfg: SloConfig) -> list[Rule]:
@@ -57,11 +76,12 @@ def target_alerts(cfg: SloConfig) -> list[Rule]:
             none_up(cfg, cfg.backend_job_regex),
             cfg.no_backend_for,
             "page",
-            "No vLLM backend is up",
+            f"No vLLM backend is up{WHERE}",
             (
-                f"No target of the backend jobs (job=~{cfg.backend_job_regex!r}) answered a "
-                f"scrape for {cfg.no_backend_for}, or none is scraped at all: every request "
-                "that needs inference fails."
+                f"No target of backend job {JOB}{WHERE} (job=~{cfg.backend_job_regex!r}) "
+                f"answered a scrape for {cfg.no_backend_for}, or none is scraped there any "
+                f"more (it was within {cfg.absence_lookback}), or none is scraped anywhere: "
+                "every request that needs inference fails there."
             ),
             dashboard=DASHBOARD_ENGINE_GPU,
         ),
@@ -71,35 +91,25 @@ def target_alerts(cfg: SloConfig) -> list[Rule]:
             none_up(cfg, cfg.gateway_job_regex),
             cfg.gateway_absent_for,
             "page",
-            "The stagelens gateway is not being scraped",
+            f"The stagelens gateway is not being scraped{WHERE}",
             (
-                f"No target of the gateway jobs (job=~{cfg.gateway_job_regex!r}) answered a "
-                f"scrape for {cfg.gateway_absent_for}, or none is scraped at all: the gateway "
-                "is down, or every SLO alert is blind."
+                f"No target of gateway job {JOB}{WHERE} (job=~{cfg.gateway_job_regex!r}) "
+                f"answered a scrape for {cfg.gateway_absent_for}, or none is scraped there any "
+                f"more (it was within {cfg.absence_lookback}), or none is scraped anywhere: "
+                "the gateway is down there, or every SLO alert is blind to it."
             ),
             dashboard=DASHBOARD_REQUEST_PATH,
         ),
     ]
 
 
-def monitored_jobs(cfg: SloConfig) -> str:
-    """One regex for every job stagelens watches: gateway, vLLM, GPU exporter, DCGM."""
-    return "|".join(
-        (
-            cfg.gateway_job_regex,
-            cfg.backend_job_regex,
-            cfg.gpu_exporter_job_regex,
-            cfg.dcgm_job_regex,
-        )
-    )
-
-
 def silence_alerts(cfg: SloConfig) -> list[Rule]:
     """What a stack that went quiet looks like: targets down or gone, no traffic, no SLI."""
     target = by(cfg, "job", "instance")
+    job = by(cfg, "job")
+    window = cfg.target_vanished_window
     model = by(cfg, sc.LABEL_MODEL)
     others = "|".join((cfg.gateway_job_regex, cfg.gpu_exporter_job_regex, cfg.dcgm_job_regex))
-    every = monitored_jobs(cfg)
     served = f'{sc.REQUESTS}{{{sc.LABEL_CODE}!~"4.."}}'
     return [
         alert_rule(
@@ -121,18 +131,20 @@ def silence_alerts(cfg: SloConfig) -> list[Rule]:
             cfg,
             ALERT_TARGET_VANISHED,
             (
-                f"count by ({target}) "
-                f'(max_over_time(up{{job=~"{every}"}}[{cfg.target_vanished_window}]))\n'
-                f'unless on ({target})\nup{{job=~"{every}"}}'
+                f"(\n  {TARGETS_RECORD}\n  or\n"
+                f"  0 * max_over_time({TARGETS_RECORD}[{window}])\n)\n"
+                f"< on ({job})\nquantile_over_time(0.5, {TARGETS_RECORD}[{window}])"
             ),
             cfg.target_vanished_for,
             "ticket",
-            "Target {{ $labels.instance }} of {{ $labels.job }} is no longer scraped",
+            "{{ $labels.job }}" + WHERE + " lost targets",
             (
-                "{{ $labels.instance }} (job {{ $labels.job }}) was scraped within the last "
-                f"{cfg.target_vanished_window} and has no up series now (for "
-                f"{cfg.target_vanished_for}): removed from service discovery, its pod or "
-                "ServiceMonitor gone. Alerts that read its series are blind there, not green."
+                "{{ $labels.job }}" + WHERE + " has {{ $value }} targets scraped, fewer than "
+                f"it had for most of the last {window} (its median), for "
+                f"{cfg.target_vanished_for}: removed from service discovery, a pod or its "
+                "monitor gone and not replaced. Alerts that read their series are blind there, "
+                "not green. A rollout replacing pods (new addresses, the same count) opens "
+                "nothing."
             ),
             dashboard=DASHBOARD_ENGINE_GPU,
         ),
@@ -186,6 +198,8 @@ def silence_alerts(cfg: SloConfig) -> list[Rule]:
 
 def self_alerts(cfg: SloConfig) -> list[Rule]:
     where = by(cfg, "job", "instance")
+    job = by(cfg, "job")
+    up = sc.GPU_COLLECTOR_UP
     return [
         alert_rule(
             cfg,
@@ -219,20 +233,25 @@ def self_alerts(cfg: SloConfig) -> list[Rule]:
             cfg,
             ALERT_GPU_COLLECTOR_DOWN,
             (
-                f"(\n  max by ({where}) ({sc.GPU_COLLECTOR_UP}) == 0\n  or\n"
-                f"  max by ({where}) (max_over_time({sc.GPU_COLLECTOR_UP}[1d]))\n"
-                f"  unless on ({where})\n  max by ({where}) ({sc.GPU_COLLECTOR_UP})\n)\n"
-                f"and on ({where})\n"
-                f"max by ({where}) (max_over_time({sc.GPU_COLLECTOR_UP}[1d])) == 1"
+                f"(\n  max by ({where}) ({up}) == 0\n  and on ({where})\n"
+                f"  max by ({where}) (max_over_time({up}[1d])) == 1\n)\nor\n"
+                f"(\n  max by ({job}) (max_over_time({up}[1d])) == 1\n  unless on ({job})\n"
+                f"  max by ({job}) ({up})\n)"
             ),
             cfg.gpu_collector_down_for,
             "ticket",
-            "GPU collector on {{ $labels.instance }} cannot read NVML",
+            "GPU collector of {{ $labels.job }}{{ with $labels.instance }} on {{ . }}{{ end }} "
+            "cannot read NVML",
             (
-                "stagelens_gpu_collector_up has been 0 on {{ $labels.instance }}, or absent "
-                f"(the exporter's target down or gone), for {cfg.gpu_collector_down_for}, after "
-                "NVML answered there within the last day: GPU panels and "
-                "StagelensGPUSaturated are blind there."
+                "{{ if $labels.instance }}stagelens_gpu_collector_up has been 0 on "
+                "{{ $labels.instance }} (job {{ $labels.job }}) after NVML answered there within "
+                "the last day{{ else }}No target of {{ $labels.job }}"
+                + WHERE
+                + " has reported stagelens_gpu_collector_up since one did within the last day "
+                "(the exporter's targets down or gone){{ end }}, for "
+                f"{cfg.gpu_collector_down_for}: GPU panels and StagelensGPUSaturated are blind "
+                "there. A vanished series is judged per job: a pod that moved to a new address "
+                "and reports again opens nothing."
             ),
             dashboard=DASHBOARD_ENGINE_GPU,
         ),
