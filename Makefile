@@ -20,9 +20,10 @@ generate:
 	$(PY) -m stagelens.dashboards.build --out dashboards
 	$(PY) -m stagelens.dashboards.deploy --out deploy
 	$(PY) -m stagelens.views.telemetry_docs --out docs/telemetry.md
+	$(PY) -m stagelens.views.settings_docs --update docs/instrumenting.md
 
 drift: generate
-	git diff --exit-code -- dashboards alerts deploy docs/telemetry.md
+	git diff --exit-code -- dashboards alerts deploy docs/telemetry.md docs/instrumenting.md
 
 check: lint typecheck drift
 

@@ -82,21 +82,26 @@ FAMILIES: dict[str, tuple[str, tuple[float, float]]] = {
     "end to end": ("REQUEST_DURATION_BUCKETS", (0.01, 60.0)),
     "ITL": ("INTER_TOKEN_LATENCY_BUCKETS", (0.0025, 0.5)),
 }
-"""Family -> (its bounds' name in ``stagelens.buckets``, the working range measured)."""
+"""Family -> (its bounds' name in ``stagelens.metrics.buckets``, the working range measured)."""
 
 
 # -- 1. accuracy --------------------------------------------------------------------------
 def _buckets_of(revision: str) -> types.ModuleType:
-    """``stagelens/buckets.py`` of ``revision``, loaded on its own (it needs only the
+    """The bucket module of ``revision`` (``stagelens/metrics/buckets.py``, or
+    ``stagelens/buckets.py`` before it moved), loaded on its own (it needs only the
     standard library)."""
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{revision}:stagelens/buckets.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    for path in ("stagelens/metrics/buckets.py", "stagelens/buckets.py"):
+        shown = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{revision}:{path}"],
+            capture_output=True,
+            text=True,
+        )
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"{revision}: no bucket module ({shown.stderr.strip()})")
     module = types.ModuleType(f"buckets_{revision}")
-    exec(compile(source, f"{revision}:stagelens/buckets.py", "exec"), module.__dict__)
+    exec(compile(shown.stdout, f"{revision}:{path}", "exec"), module.__dict__)
     return module
 
 
@@ -151,7 +156,7 @@ def panel_estimate(
 
 
 def accuracy(former: types.ModuleType) -> None:
-    from stagelens import buckets
+    from stagelens.metrics import buckets
     from stagelens.views.percentiles import from_buckets, nearest_rank
 
     print("1. worst relative error against the exact (nearest-rank) percentile;")
@@ -281,7 +286,7 @@ def _fold_child(n: int, fold: bool) -> None:
     from prometheus_client import CollectorRegistry
 
     from stagelens.config import Settings
-    from stagelens.record import BillingRecord, RequestRecord, StageTimes
+    from stagelens.metrics.record import BillingRecord, RequestRecord, StageTimes
     from stagelens.telemetry import recording_for
 
     rng = random.Random(0)

@@ -22,7 +22,7 @@ from grafana_foundation_sdk.models.dashboard import (
 from stagelens.dashboards.panels import DATASOURCE, DATASOURCE_VAR, RATE
 
 from stagelens import semconv as sc
-from stagelens.buckets import ERROR_TARGET, worst_ratio
+from stagelens.metrics.buckets import ERROR_TARGET, worst_ratio
 from stagelens.slo.config import SloConfig
 
 MAX_NARROWABLE_RATIO: Final = (1 + ERROR_TARGET) / (1 - ERROR_TARGET)

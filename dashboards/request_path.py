@@ -32,9 +32,9 @@ from stagelens.dashboards.panels import (
     timeseries_panel,
 )
 
-from stagelens import buckets
 from stagelens import semconv as sc
-from stagelens.buckets import worst_ratio
+from stagelens.metrics import buckets
+from stagelens.metrics.buckets import worst_ratio
 from stagelens.slo.alert_rules import class_thresholds_text
 from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage

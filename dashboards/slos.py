@@ -25,7 +25,7 @@ from stagelens.dashboards.panels import (
 )
 
 from stagelens import semconv as sc
-from stagelens.buckets import TTFT_BUCKETS, TTFT_RANGE
+from stagelens.metrics.buckets import TTFT_BUCKETS, TTFT_RANGE
 from stagelens.slo.alert_rules import BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
 from stagelens.slo.recording_rules import (

@@ -13,6 +13,7 @@ meter provider is given or installed globally.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from opentelemetry import metrics, trace
@@ -21,7 +22,6 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
 from prometheus_client import CollectorRegistry, start_http_server
-from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.nvml import (
     NvmlCollector,
     gpu_collector_enabled,
@@ -33,13 +33,17 @@ from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_
 from stagelens.exporters.prometheus import (
     exposition_registry,
     metrics_app,
+    multiprocess_enabled,
     recording_registry,
     register_collector,
 )
+from stagelens.exporters.worker_split import watch_workers
 
 from stagelens import semconv
 from stagelens.config import Settings, load_settings
 from stagelens.pricing import PriceTable
+from stagelens.settings_env import report_unknown_variables
+from stagelens.spans.provider import DeferredTracerProvider
 from stagelens.telemetry import Telemetry, set_default_telemetry
 
 __all__ = ["configure", "enable_gpu_metrics", "metrics_app", "register_collector"]
@@ -118,7 +122,7 @@ def configure(
     """Set up tracing and Prometheus metrics; return the Telemetry to instrument apps with.
 
     - Traces: ``tracer_provider`` if given; else a deferred provider (spans recorded on
-      the request path, built and exported by a worker thread: ``exporters/deferred.py``)
+      the request path, built and exported by a worker thread: ``stagelens.spans``)
       exporting to ``span_exporters`` or, by default, to what ``OTEL_TRACES_EXPORTER`` /
       ``OTEL_EXPORTER_OTLP_*`` name (OTLP over HTTP/protobuf unless ``grpc``), through a
       bounded queue whose drops are counted. ``OTEL_SERVICE_NAME`` and
@@ -126,10 +130,16 @@ def configure(
       (``stagelens.TailSampler(ratio)`` is ``OTEL_TRACES_SAMPLER=stagelens_tail`` with
       ``OTEL_TRACES_SAMPLER_ARG=ratio``: traces kept by what happened to their request,
       decided when it ends; see ``stagelens.tail_sampling``).
+    - Settings: ``settings`` and ``overrides`` over the ``STAGELENS_*`` environment,
+      validated here (``ConfigurationError`` naming the variable and the expected form);
+      an unknown ``STAGELENS_*`` variable is warned about once per process, an error with
+      ``STAGELENS_STRICT=1`` (``stagelens.settings_env``).
     - Metrics: recorded in ``registry`` (default ``REGISTRY``); served by
       ``telemetry.exposition_registry`` which aggregates worker files when
-      ``PROMETHEUS_MULTIPROC_DIR`` is set. ``metrics_port`` also starts a separate
-      ``/metrics`` HTTP server.
+      ``PROMETHEUS_MULTIPROC_DIR`` is set. Without it, a process that is one of several
+      workers of one server (uvicorn ``--workers``, gunicorn) warns once and exposes
+      ``stagelens_metrics_split_info`` (``exporters/worker_split.py``). ``metrics_port``
+      also starts a separate ``/metrics`` HTTP server.
     - ``set_global``: install the provider globally and make this Telemetry the default for
       ``instrument_app()`` / ``stage()`` calls that name none.
     - GPU: ``gpu=True`` registers the NVML collector on the exposition registry (what
@@ -143,6 +153,7 @@ def configure(
       ``OTEL_EXPORTER_OTLP[_METRICS]_*`` (``exporters/genai_metrics.py``).
     """
     resolved = load_settings(settings, **overrides)
+    report_unknown_variables(os.environ, strict=resolved.strict)
     recording = recording_registry(registry)
     exposition = exposition_registry(registry)
     holder: list[Telemetry] = []
@@ -176,6 +187,8 @@ def configure(
             trace.set_tracer_provider(provider)
         set_default_telemetry(telemetry)
     enable_gpu_metrics(exposition, gpu=gpu, meter_provider=meter_provider, telemetry=telemetry)
+    if not multiprocess_enabled():  # there the scrape adds every worker's files up
+        watch_workers(exposition)
     if resolved.genai_metrics:
         from stagelens.exporters.genai_metrics import enable_genai_metrics
 

@@ -1,7 +1,7 @@
 """OTLP export from ``OTEL_*``: the exporters, the Resource, the tracer provider configure()
 uses and the metrics pipeline the vLLM plugin uses.
 
-Why not the SDK's TracerProvider: see ``exporters/deferred.py``. Spans are recorded on the
+Why not the SDK's TracerProvider: see ``stagelens.spans.provider``. Spans are recorded on the
 request path and built, encoded and exported by one worker thread through a bounded queue;
 every dropped span is counted in ``stagelens_spans_dropped_total{reason}`` and each kind of
 exporter failure is logged once. Metrics go through the SDK's MeterProvider and periodic
@@ -30,10 +30,10 @@ from opentelemetry.sdk.metrics.view import View
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.sampling import Sampler
-from stagelens.exporters.deferred import DeferredTracerProvider, DropCounter
 
 from stagelens._compat import metric_exporter_preferences
 from stagelens.errors import ConfigurationError, DependencyMissingError
+from stagelens.spans.provider import DeferredTracerProvider, DropCounter
 
 logger = logging.getLogger("stagelens")
 

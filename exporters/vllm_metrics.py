@@ -27,8 +27,8 @@ from stagelens.exporters.vllm_stats import IterationSample, SchedulerSample
 from stagelens import semconv as sc
 from stagelens._compat import SyncGauge
 from stagelens._failures import FailureReporter
-from stagelens.buckets import ENGINE_PHASE_BUCKETS
 from stagelens.config import env_flag
+from stagelens.metrics.buckets import ENGINE_PHASE_BUCKETS
 
 logger = logging.getLogger("stagelens.vllm")
 

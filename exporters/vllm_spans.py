@@ -26,7 +26,6 @@ from typing import Final
 
 from opentelemetry import trace
 from prometheus_client import CollectorRegistry
-from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.exporters.otlp import build_tracer_provider, span_exporters_from_env
 from stagelens.exporters.vllm_metrics import SERVICE_NAME, optional_counter
 from stagelens.exporters.vllm_stats import FinishedRequest
@@ -34,6 +33,7 @@ from stagelens.exporters.vllm_stats import FinishedRequest
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
 from stagelens._version import __version__
+from stagelens.spans.provider import DeferredTracerProvider
 
 logger = logging.getLogger("stagelens.vllm")
 

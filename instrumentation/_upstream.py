@@ -48,19 +48,13 @@ from stagelens.instrumentation._suppress import current_context
 
 from stagelens import _compat
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
+from stagelens.metrics.record import LoneRecord, PhaseTimes, StageTimes
 from stagelens.pricing import Usage
 from stagelens.request import InferenceFacts, RequestState, current_request
+from stagelens.spans.pending import DeferredSpan, PendingTrace, context_in, new_id
+from stagelens.spans.stages import anchor_in, open_stage, parent_under
 from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    DeferredSpan,
-    PendingTrace,
-    anchor_in,
-    context_in,
-    new_id,
-    open_stage,
-    parent_under,
-)
 from stagelens.telemetry import Telemetry, default_telemetry
 
 _MAX_BODY: Final = 4 * 1024 * 1024
@@ -530,19 +524,19 @@ class _UpstreamCall(EventReader):
         billing: str | None,
         answered: bool,
     ) -> None:
-        """Record a call made outside any instrumented request (no middleware)."""
+        """Record a call made outside any instrumented request (no middleware): a lone
+        observation, through the fold like a request's record, its model label bounded
+        here."""
         telemetry = self.telemetry
         served = answered and self._failure is None
-        model = telemetry.models.label(self.model, served=served)
-        instruments = telemetry.instruments
-        series = instruments.for_model(model)
-        series.stage(_INFERENCE).observe(elapsed)
-        for phase, seconds in phases:
-            series.phase(phase).observe(seconds)
-        if upstream_ttft is not None:
-            instruments.upstream_ttft.get(model).observe(upstream_ttft)
-        if billing is not None:
-            instruments.unmetered.get(model, billing).inc()
+        lone = LoneRecord(
+            telemetry.models.label(self.model, served=served),
+            StageTimes([(_INFERENCE, elapsed)]),
+            PhaseTimes(phases) if phases else None,
+            upstream_ttft,
+            billing,
+        )
+        telemetry.fold.submit(lone)
 
     def _engine_spans(self, span: trace.Span, phases: list[tuple[str, float]], end_ns: int) -> None:
         """Child spans of ``span`` laid back to back, ending at ``end_ns``: when the

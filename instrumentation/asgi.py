@@ -2,8 +2,9 @@
 
 Pure ASGI (no BaseHTTPMiddleware) so that streamed bodies pass through untouched: every
 ``http.response.body`` message is forwarded as it comes, and only timestamps are taken on
-the way (STYLE rules 8, 9). The middleware object is shared; everything about a request
-lives in a ``_RequestTracker`` made per request.
+the way. The middleware object is shared; everything about a request lives in a
+``_RequestTracker`` made per request (the ASGI plumbing is ``_asgi_io``'s, the request's
+end ``_request_end``'s).
 
 Every non-empty body sent is timestamped (the hot path: nothing else); the upstream
 instrumentation marks each output-bearing event it reads with the number of bodies sent so
@@ -17,44 +18,42 @@ last byte or when the client goes away, with the cancellation in its status.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import context, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
-from stagelens.instrumentation import _fastapi_builtin, _outcome
-from stagelens.instrumentation._decision import _sampled_trace, _settle
-from stagelens.instrumentation._header_logs import quiet_propagator_logs
-from stagelens.instrumentation._scope import (
+from opentelemetry import context, propagate, trace
+from opentelemetry.trace import SpanKind
+from stagelens.instrumentation import _fastapi_builtin
+from stagelens.instrumentation._asgi_io import (
+    FASTAPI_TELEMETRY,
+    HEADERS,
+    ASGIApp,
     Message,
     Receive,
     Scope,
     Send,
-    _expects_continue,
-    _extract,
-    _is_cancellation,
-    _noting_departure,
-    _read_body,
-    _reports_departure_by_send,
-    _server_attributes,
+    expects_continue,
     known_http_methods,
+    maybe_await,
+    noting_departure,
+    read_body,
+    reports_departure_by_send,
+    server_attributes,
 )
+from stagelens.instrumentation._header_logs import quiet_propagator_logs
+from stagelens.instrumentation._request_end import finish
 from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import http_instrumentation_enabled
-from stagelens.instrumentation.hooks import Rejected, bill, stage
+from stagelens.instrumentation.hooks import Rejected, stage
 
-from stagelens import _compat, tail_sampling
 from stagelens import semconv as sc
 from stagelens.config import PromptSizeClasses, Settings
-from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord
 from stagelens.request import RequestState, _enter, _exit
 from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 GatewayHook = Callable[[Scope], Any]
 """``hook(scope)`` (sync or async). Return a tenant name (auth) or None; raise ``Rejected``
 to answer the client (401, 429, ...)."""
@@ -63,22 +62,6 @@ BodyHook = Callable[[Scope, bytes], Any]
 (schema checks); raise ``Rejected`` to answer 400. The body is read once and replayed."""
 SpanHook = Callable[[trace.Span, Scope], None]
 """Telemetry hook: customise the root span. A raising hook is counted, never propagated."""
-
-STATUS_CLIENT_CLOSED = 499
-"""``code`` label for a request whose client went away before it received the whole answer
-(nginx's "client closed request"): never the 200 nobody received."""
-_CODE_LABELS = {code: str(code) for code in range(100, 600)}
-"""``code`` label strings, made once."""
-_CLIENT_CLOSED_LABEL = _CODE_LABELS[STATUS_CLIENT_CLOSED]
-
-
-_FASTAPI_TELEMETRY = _compat.FASTAPI_TELEMETRY_SCOPE_KEY
-
-
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
 
 
 class StageLensMiddleware:
@@ -157,25 +140,25 @@ class _RequestTracker:
 
     __slots__ = (
         "_last_body",
-        "_mw",
         "_pending",
         "_receive",
         "_received",
         "_receiving",
-        "_response_started",
-        "_scope",
-        "_sse",
-        "_state",
+        "mw",
+        "response_started",
+        "scope",
+        "sse",
+        "state",
     )
 
     def __init__(self, middleware: StageLensMiddleware, scope: Scope) -> None:
-        self._mw = middleware
-        self._scope = scope
-        self._sse = False
-        self._response_started = False
+        self.mw = middleware
+        self.scope = scope
+        self.sse = False
+        self.response_started = False
         self._last_body: Message | None = None
         """The latest body message sent: the response is done once one says no more."""
-        self._state: RequestState | None = None
+        self.state: RequestState | None = None
         self._receive: Receive | None = None
         """The app's receive, looked into before the answer is sent (``_look_for_departure``);
         None where the server reports a departed client by a failing send (ASGI >= 2.4)."""
@@ -187,52 +170,52 @@ class _RequestTracker:
         """The app has called ``receive`` (the server has answered any 100-continue)."""
 
     @property
-    def _response_done(self) -> bool:
+    def response_done(self) -> bool:
         """The last body message was sent (read when needed, not tested on each send)."""
         last = self._last_body
         return last is not None and not last.get("more_body", False)
 
     async def run(self, receive: Receive, send: Send) -> None:
-        mw, scope = self._mw, self._scope
+        mw, scope = self.mw, self.scope
         telemetry = mw.telemetry
         method = scope.get("method", "GET")
         known = method in mw.known_methods
-        parent = _extract(scope)
+        parent = propagate.extract(scope, getter=HEADERS)
         # A FastAPI app inside (wrapped, or mounted in a Starlette app) makes no SERVER span
         # of its own for this request: ours is the one (see _fastapi_builtin).
-        scope.setdefault(_FASTAPI_TELEMETRY, None)
+        scope.setdefault(FASTAPI_TELEMETRY, None)
         root = telemetry.tracer.start_span(
             method if known else sc.HTTP_SPAN_NAME_OTHER,
             context=parent,
             kind=SpanKind.SERVER,
-            attributes=_server_attributes(scope, method, known),
+            attributes=server_attributes(scope, method, known),
         )
         state = RequestState(telemetry, root)
-        self._state = state
+        self.state = state
         ctx_token = context.attach(trace.set_span_in_context(root, parent))
         state_token = _enter(state)
         error: BaseException | None = None
         try:
             if mw.request_hook is not None:
-                self._run_span_hook(mw.request_hook, root, "request_hook")
+                self.run_span_hook(mw.request_hook, root, "request_hook")
             rejection, receive = await self._gateway(receive)
             if rejection is not None:
                 await self._send_rejection(rejection, send)
             else:
-                if not _reports_departure_by_send(scope):
+                if not reports_departure_by_send(scope):
                     self._receive = receive
                 await mw.app(scope, self._wrap_receive(receive), self._wrap_send(send))
         except BaseException as exc:
             error = exc
             raise
         finally:
-            self._finish(error)
+            finish(self, error)
             _exit(state_token)
             context.detach(ctx_token)
 
     # -- gateway stage -----------------------------------------------------------------
     async def _gateway(self, receive: Receive) -> tuple[Rejected | None, Receive]:
-        mw, state = self._mw, self._state
+        mw, state = self.mw, self.state
         assert state is not None
         if mw.auth_hook is None and mw.rate_limit_hook is None and mw.body_hook is None:
             with stage(Stage.GATEWAY):
@@ -240,14 +223,14 @@ class _RequestTracker:
         try:
             with stage(Stage.GATEWAY):
                 if mw.auth_hook is not None:
-                    tenant = await _maybe_await(mw.auth_hook(self._scope))
+                    tenant = await maybe_await(mw.auth_hook(self.scope))
                     if isinstance(tenant, str):
                         state.set_tenant(tenant)
                 if mw.rate_limit_hook is not None:
-                    await _maybe_await(mw.rate_limit_hook(self._scope))
+                    await maybe_await(mw.rate_limit_hook(self.scope))
                 if mw.body_hook is not None:
-                    body, receive = await _read_body(receive)
-                    await _maybe_await(mw.body_hook(self._scope, body))
+                    body, receive = await read_body(receive)
+                    await maybe_await(mw.body_hook(self.scope, body))
         except Rejected as rejection:
             return rejection, receive
         return None, receive
@@ -270,7 +253,7 @@ class _RequestTracker:
 
     # -- I/O wrappers ------------------------------------------------------------------
     def _wrap_receive(self, receive: Receive) -> Receive:
-        state = self._state
+        state = self.state
         assert state is not None
 
         async def wrapped_receive() -> Message:
@@ -283,7 +266,7 @@ class _RequestTracker:
                     message = await receive()
                 finally:
                     self._receiving = False
-            if message["type"] == "http.disconnect" and not self._response_done:
+            if message["type"] == "http.disconnect" and not self.response_done:
                 state.disconnected = True
             return message
 
@@ -305,12 +288,12 @@ class _RequestTracker:
         listens for the departure): it will learn it there. A failed look changes nothing:
         telemetry never breaks serving."""
         receive = self._receive
-        state = self._state
+        state = self.state
         if receive is None or state is None or state.disconnected:
             return
         if self._receiving or self._pending is not None:
             return
-        if not self._received and _expects_continue(self._scope):
+        if not self._received and expects_continue(self.scope):
             return  # a server's receive would answer "100 Continue" to a body never asked for
         try:
             step = receive().__await__()
@@ -332,20 +315,17 @@ class _RequestTracker:
                 state.disconnected = True
 
     def _wrap_send(self, send: Send) -> Send:
-        state = self._state
+        state = self.state
         assert state is not None
         times = state.token_times
         perf_counter = time.perf_counter
-        if _reports_departure_by_send(self._scope):
-            send = _noting_departure(send, state)
+        if reports_departure_by_send(self.scope):
+            send = noting_departure(send, state)
 
-        def wrapped_send(message: Message) -> Awaitable[None]:
+        async def wrapped_send(message: Message) -> None:
             # The hot path of a stream: a timestamp per body with bytes, and no look at
             # the bytes. Every message is passed on as it came, once, in its order; TTFT
             # and the inter-token gaps are worked out when the request ends.
-            # Not a coroutine itself: it notes the message when called (an ASGI app awaits
-            # ``send(message)`` at once) and returns the server's own awaitable, so no
-            # coroutine of ours is created and stepped per message.
             if message.get("body"):  # a body message with bytes (only those carry "body")
                 times.append(perf_counter())
                 self._last_body = message
@@ -356,207 +336,21 @@ class _RequestTracker:
             elif message["type"] == "http.response.start":
                 if self._receive is not None:
                     self._look_for_departure()  # before a non-streamed answer's headers
-                self._response_started = True
+                self.response_started = True
                 state.code = int(message["status"])
                 for key, value in message.get("headers", ()):
                     if key.lower() == b"content-type":
-                        self._sse = value.startswith(b"text/event-stream")
-            return send(message)
+                        self.sse = value.startswith(b"text/event-stream")
+            await send(message)
 
         return wrapped_send
 
     # -- end of request ----------------------------------------------------------------
-    def _run_span_hook(self, hook: SpanHook, span: trace.Span, name: str) -> None:
+    def run_span_hook(self, hook: SpanHook, span: trace.Span, name: str) -> None:
         try:
-            hook(span, self._scope)
+            hook(span, self.scope)
         except Exception as exc:
-            self._mw.telemetry.report_error(name, exc)
+            self.mw.telemetry.report_error(name, exc)
             if span.is_recording():  # a failing hook does not fail the request
-                capture = self._mw.telemetry.settings.capture_message_content
+                capture = self.mw.telemetry.settings.capture_message_content
                 record_failure(span, exc, capture=capture, status=False)
-
-    def _finish(self, error: BaseException | None) -> None:
-        state = self._state
-        assert state is not None
-        telemetry = state.telemetry
-        try:
-            if state.usage is not None or state.upstream_usage is not None:
-                bill()
-        except Exception as exc:
-            telemetry.report_error("billing", exc)
-        end = time.perf_counter()
-        disconnected = state.disconnected or (
-            error is not None and not self._response_done and _is_cancellation(error)
-        )
-        if state.code is not None:
-            code = state.code
-        elif disconnected:
-            code = STATUS_CLIENT_CLOSED
-        else:
-            code = 500
-        if error is not None and not self._response_started and not disconnected:
-            code = 500
-        # Gone before it received the whole answer: noticed before the last body was sent
-        # (by receive, a failing send or a look before sending) or by the request being
-        # cancelled before it; recorded as 499, whatever status the app had sent.
-        client_gone = disconnected
-        failure = _outcome.failed_after_headers(state, code, client_gone)
-        if failure is not None and state.rejected_by is None:
-            state.reject(Stage.INFERENCE)  # the stage that failed, under a 200
-        inference = state.inference
-        # A name is served once an upstream call for it was answered (a backend dying
-        # mid-stream does not make a real model a made-up one; an app answering 200
-        # around a refusal does not make a made-up name served).
-        served = code < 400 and (inference is None or inference.ok)
-        model = telemetry.models.label(state.model_label, served=served)
-        code_label = _CLIENT_CLOSED_LABEL if client_gone else (_CODE_LABELS.get(code) or str(code))
-        # TTFT is a property of answers: an error body (401, 429, 5xx...) is no first token,
-        # and counting its few milliseconds would flatter the TTFT SLI.
-        first_token_at = state.first_token_at
-        ttft = (
-            first_token_at - state.started_at if first_token_at is not None and code < 400 else None
-        )
-        first_answer_at = state.first_answer_at if ttft is not None else None
-        ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
-        gaps = (
-            _outcome.inter_token_gaps(state.token_times, inference)
-            if self._sse and inference is not None
-            else []
-        )
-        worst_gap = max(gaps) if gaps else None
-        duration = end - state.started_at
-        settings = telemetry.settings
-        usage = state.usage or state.upstream_usage
-        prompt_size, ttft_threshold = self._mw.prompt_sizes.of(
-            usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
-        )
-        server_failed = code >= 500 or failure is not None
-        verdicts = _outcome.sli_verdicts(
-            streamed=state.streamed,
-            code=code,
-            server_failed=server_failed,
-            client_gone=client_gone,
-            ttft=ttft,
-            waited=duration,
-            worst_gap=worst_gap,
-            ttft_threshold=ttft_threshold,
-            stall_threshold=settings.itl_stall_threshold_seconds,
-            client_left_bad_after=settings.client_left_bad_after_seconds,
-            ttfat=ttfat,
-            answer_threshold=settings.answer_slo_threshold_seconds,
-        )
-        exemplar: ExemplarRef | None = None
-        decision: tuple[str, str] | None = None
-        dropped = False
-        if state.recording:
-            pending = state.pending
-            if pending is None:
-                exemplar = _sampled_trace(state.root_span)
-            else:  # the tail sampler: keep the trace or drop it, now the outcome is known
-                reason = tail_sampling.keep_reason(
-                    server_failed=server_failed or (error is not None and not disconnected),
-                    client_gone=client_gone,
-                    verdicts=verdicts,
-                    worst_gap=worst_gap,
-                    duration=duration,
-                    stall_seconds=settings.tail_stall_seconds,
-                    slow_seconds=settings.tail_slow_seconds,
-                )
-                slots = telemetry.instruments.exemplar_slots
-                decision, exemplar = _settle(
-                    pending, reason, slots, state.root_span, model, duration
-                )
-                dropped = exemplar is None
-        try:
-            phases = state.phases
-            telemetry.fold.submit(
-                RequestRecord(
-                    model=model,
-                    code=code_label,
-                    duration=duration,
-                    ttft=ttft,
-                    gaps=gaps,
-                    stages=state.stage_times,
-                    phases=PhaseTimes(phases) if phases else None,
-                    rejected_by=state.rejected_by if code >= 400 or failure is not None else None,
-                    billing=state.billing,
-                    upstream_ttft=inference.upstream_ttft if inference is not None else None,
-                    verdicts=verdicts,
-                    prompt_size=prompt_size,
-                    unmetered=_outcome.billing_gap(state),
-                    genai=state.genai,
-                    exemplar=exemplar,
-                    trace_decision=decision,
-                    ttfat=ttfat,
-                )
-            )
-        except Exception as exc:
-            telemetry.report_error("metrics", exc)
-        self._end_root(error, code, code_label, (ttft, ttfat), disconnected, failure, dropped)
-
-    def _end_root(
-        self,
-        error: BaseException | None,
-        code: int,
-        code_label: str,
-        firsts: tuple[float | None, float | None],
-        disconnected: bool,
-        failure: str | None,
-        dropped: bool = False,
-    ) -> None:
-        """Name, annotate and end the root span (only end it when its trace was dropped:
-        nothing set on it would be exported)."""
-        state = self._state
-        assert state is not None
-        root = state.root_span
-        if root.is_recording() and not dropped:
-            attributes: dict[str, Any] = {sc.HTTP_RESPONSE_STATUS_CODE: code}  # one call
-            route = self._scope.get("route")
-            route_path = getattr(route, "path", None)
-            if isinstance(route_path, str):
-                method = self._scope.get("method", "GET")
-                if method not in self._mw.known_methods:
-                    method = sc.HTTP_SPAN_NAME_OTHER
-                root.update_name(f"{method} {route_path}")
-                attributes[sc.HTTP_ROUTE] = route_path
-            if state.model is not None:
-                attributes[sc.GEN_AI_REQUEST_MODEL] = state.model
-            ttft, ttfat = firsts  # (the time to first token, to first answer token)
-            if ttft is not None:
-                attributes[sc.ATTR_TTFT] = ttft
-            if ttfat is not None:
-                attributes[sc.ATTR_TTFAT] = ttfat
-            _reasoning_attributes(state, attributes)
-            root.set_attributes(attributes)
-            if disconnected:
-                root.set_attribute(sc.ATTR_CLIENT_DISCONNECTED, True)
-                root.set_status(Status(StatusCode.ERROR, "client disconnected"))
-            elif error is not None:
-                capture = self._mw.telemetry.settings.capture_message_content
-                record_failure(root, error, capture=capture)
-                root.set_attribute(sc.ERROR_TYPE, type(error).__qualname__)
-            elif code >= 500:
-                root.set_status(Status(StatusCode.ERROR))
-                root.set_attribute(sc.ERROR_TYPE, code_label)
-            elif failure is not None:
-                root.set_status(Status(StatusCode.ERROR, "the answer failed after its headers"))
-                root.set_attribute(sc.ERROR_TYPE, failure)
-            if self._mw.response_hook is not None:
-                self._run_span_hook(self._mw.response_hook, root, "response_hook")
-        root.end()
-
-
-def _reasoning_attributes(state: RequestState, attributes: dict[str, Any]) -> None:
-    """The request's reasoning tokens (a part of its output), when it had some: the
-    billed usage's (the app's, else the server's), and whether they were counted from
-    the reasoning events (the server's usage did not say them)."""
-    billing = state.billing
-    usage = state.usage or state.upstream_usage
-    reasoning = billing.reasoning_tokens if billing is not None else None
-    if reasoning is None and usage is not None:
-        reasoning = usage.reasoning_output_tokens
-    if reasoning:
-        attributes[sc.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS] = reasoning
-        inference = state.inference
-        if inference is not None and inference.reasoning_counted and state.usage is None:
-            attributes[sc.ATTR_USAGE_ESTIMATED] = True

@@ -28,21 +28,19 @@ from stagelens.instrumentation._span_errors import record_failure
 from stagelens.instrumentation._suppress import current_context, instrumentation_enabled_in
 
 from stagelens import semconv as sc
+from stagelens.metrics.record import BillingRecord, LoneRecord, StageTimes
 from stagelens.pricing import Usage
-from stagelens.record import BillingRecord
 from stagelens.request import RequestState, current_request
-from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    DeferredSpan,
+from stagelens.spans.pending import DeferredSpan, StageClock, wall_clock_ns
+from stagelens.spans.stages import (
     OpenStage,
-    StageClock,
     anchor_in,
     enter_stage,
     leave_stage,
     outer_stage,
     parent_under,
-    wall_clock_ns,
 )
+from stagelens.stages import Stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 P = ParamSpec("P")
@@ -156,7 +154,7 @@ class stage:
         (a task begun inside it starting a span later): its record is held already, and
         the span goes under the stage's parent instead."""
         span = self._span
-        if type(span) is DeferredSpan:
+        if isinstance(span, DeferredSpan):
             return span
         if self._open is None:
             return None
@@ -302,9 +300,9 @@ class stage:
             self._ctx_token = None
         if state is not None:
             state.stage_times.append((self._name, elapsed))
-        else:
-            model = telemetry.settings.default_model
-            telemetry.instruments.for_model(model).stage(self._name).observe(elapsed)
+        else:  # outside any request: a lone observation, through the fold like any other
+            lone = LoneRecord(telemetry.settings.default_model, StageTimes([(self._name, elapsed)]))
+            telemetry.fold.submit(lone)
         if exc is not None:
             status = _status_of(exc)
             if status is not None and status >= 400 and state is not None:

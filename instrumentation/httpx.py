@@ -41,7 +41,8 @@ from stagelens.instrumentation._upstream import (
 )
 
 from stagelens import _compat
-from stagelens.tail_sampling import DeferredSpan, enter_stage, leave_stage
+from stagelens.spans.pending import DeferredSpan
+from stagelens.spans.stages import enter_stage, leave_stage
 from stagelens.telemetry import Telemetry, default_telemetry
 
 __all__ = [

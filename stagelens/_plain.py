@@ -29,14 +29,14 @@ SHORTCUTS: Final = {
     "series_storage": "histogram and counter children written through their value "
     "storage (stagelens/_compat.py histogram_storage, counter_storage)",
     "otlp_caches": "the encoded bytes of span names, attribute keys, lengths and recurring "
-    "attribute pairs cached (exporters/otlp_encode.py)",
+    "attribute pairs cached (stagelens/spans/otlp_encode.py)",
     "context_headers": "the current context and span read from the API's context variable "
     "(stagelens/_compat.py current_context_getter, span_key, suppression_keys), and the "
     "upstream call's headers read and written through httpx's entry list with traceparent "
     "formatted, not through the public APIs (instrumentation/_headers.py); one shortcut, "
     "measured as one",
     "bucket_runs": "a batch's values counted per touched bucket after one sort, not bisected "
-    "one by one (stagelens/_series.py FastHistogram.observe_many)",
+    "one by one (stagelens/metrics/series.py FastHistogram.observe_many)",
 }
 """Every shortcut that has a switch, by name: what it does and where."""
 

@@ -2,21 +2,44 @@
 
 Why validated at construction: a bad threshold or budget must fail when the service starts,
 never on a request. Settings are frozen; pass a new object to change them.
+
+Each field is the one declaration of a setting: its annotation gives the form its variable
+takes (lists comma-separated, maps ``key=value,key=value``, or JSON: ``env_values``), its
+``examples`` an example, its docstring the meaning. The refusal of a bad value,
+``stagelens config`` and the generated settings reference (``docs/instrumenting.md``) are
+all read from it (``settings_forms``, ``settings_table``).
 """
 
 from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Final, overload
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from stagelens import semconv
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
+from stagelens.env_values import parse_list, parse_map
 from stagelens.errors import ConfigurationError
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, ttft_buckets
+from stagelens.settings_forms import (
+    ENV_PREFIX,
+    CrossFieldError,
+    Source,
+    env_value,
+    explain,
+    kind,
+)
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.tail_sampling import EXEMPLAR_REFRESH_SECONDS
 
@@ -54,104 +77,152 @@ prompt, so a long prompt is judged by a longer wait (``<= 1024`` keeps the 0.5 s
 MAX_PROMPT_SIZE_BOUNDS: Final = 10
 """Cap on configured prompt-size bounds: each adds a class to the TTFT histogram's and the
 SLI counters' series of every model (cardinality bound)."""
+DEFAULTS_FROM: Final[dict[str, str]] = {
+    "capture_message_content": semconv.CAPTURE_MESSAGE_CONTENT_ENV,
+}
+"""Settings whose default is read from another environment variable, and that variable."""
 
 
 class Settings(BaseSettings):
-    """Everything stagelens can be told. Environment: ``STAGELENS_<FIELD>`` (JSON for maps)."""
+    """Everything stagelens can be told. Environment: ``STAGELENS_<FIELD>``; a list is
+    comma-separated or a JSON array, a map ``key=value,key=value`` or a JSON object."""
 
-    model_config = SettingsConfigDict(env_prefix="STAGELENS_", frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", use_attribute_docstrings=True
+    )
 
-    tenants: tuple[str, ...] = ()
+    tenants: Annotated[tuple[str, ...], NoDecode] = Field(default=(), examples=["acme,globex"])
     """Tenants that get their own ``tenant`` label value; with none configured, the first
     ``max_tenants`` distinct tenants seen do. Everything else is ``other``."""
-    max_tenants: int = Field(default=20, ge=0, le=1000)
+    max_tenants: int = Field(default=20, ge=0, le=1000, examples=["50"])
     """Cap on distinct ``tenant`` label values (cardinality bound)."""
-    models: tuple[str, ...] = ()
+    models: Annotated[tuple[str, ...], NoDecode] = Field(default=(), examples=["tiny,tiny-chat"])
     """Models that get their own ``model`` label value; with none configured, the first
     ``max_models`` distinct models answered successfully do. Everything else (a name the
     engine refused, say) is ``other``; ``default_model`` always keeps its name."""
-    max_models: int = Field(default=20, ge=0, le=1000)
+    max_models: int = Field(default=20, ge=0, le=1000, examples=["50"])
     """Cap on distinct ``model`` label values (cardinality bound)."""
-    price_table: Path | None = None
-    """YAML price table; None uses the documented default (see stagelens.pricing)."""
-    ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0)
+    price_table: Path | None = Field(default=None, examples=["/etc/stagelens/prices.yaml"])
+    """YAML price table; unset, the documented default prices (see ``stagelens.pricing``)."""
+    ttft_slo_threshold_seconds: float = Field(default=0.5, gt=0, examples=["0.8"])
     """TTFT SLO threshold; always made a TTFT histogram bucket boundary."""
-    answer_slo_threshold_seconds: float = Field(default=10.0, gt=0)
+    answer_slo_threshold_seconds: float = Field(default=10.0, gt=0, examples=["20"])
     """Time-to-first-answer-token SLO threshold (the ``answer`` SLI): a streamed request
     whose first answer token (not reasoning) came later than this, or never came because
     the stream failed or was cut while the model was thinking, is bad. Generous by default
     (10 s): thinking is the product of a reasoning model; set it to what your users wait.
     Always made a bucket boundary of ``stagelens_time_to_first_answer_token_seconds``."""
-    itl_slo_threshold_seconds: float = Field(default=0.1, gt=0)
+    itl_slo_threshold_seconds: float = Field(default=0.1, gt=0, examples=["0.05"])
     """ITL symptom threshold: the dashed line of the inter-token latency charts; no alert
     reads it. Must be a bucket boundary of that histogram
     (``buckets.INTER_TOKEN_LATENCY_BUCKETS``), so that the histogram can be read against it.
     The ``itl`` SLI judges each request by its worst gap instead
     (``itl_stall_threshold_seconds``)."""
-    itl_stall_threshold_seconds: float = Field(default=1.0, gt=0)
+    itl_stall_threshold_seconds: float = Field(default=1.0, gt=0, examples=["2"])
     """A streamed request with two or more output events is bad for the ``itl`` SLI when
     its *worst* inter-token gap exceeds this (a stall). Why the worst, not the mean: a user
     watching 30 tokens arrive 10 ms apart and then a 2 s freeze saw the freeze, which a
     mean of ~75 ms hides."""
-    prompt_size_bounds: Annotated[tuple[int, ...], NoDecode] = DEFAULT_PROMPT_SIZE_BOUNDS
+    prompt_size_bounds: Annotated[tuple[int, ...], NoDecode] = Field(
+        default=DEFAULT_PROMPT_SIZE_BOUNDS, examples=["2048,16384,65536"]
+    )
     """Bounds (input tokens) of the ``prompt_size`` classes on the TTFT histogram and the
     SLI counters: a request's class is the smallest bound >= its input tokens, ``+Inf``
-    above the last, ``unknown`` when its input tokens are not known. Environment:
-    comma-separated (``STAGELENS_PROMPT_SIZE_BOUNDS=1024,8192,32768``). Strictly increasing,
-    positive, at most ``MAX_PROMPT_SIZE_BOUNDS``. Why classes: prefill grows with the
+    above the last, ``unknown`` when its input tokens are not known. Strictly increasing,
+    positive, at most ``MAX_PROMPT_SIZE_BOUNDS`` (10). Why classes: prefill grows with the
     prompt, so one TTFT objective for every prompt lets a tenant of 100k-token prompts burn
     everyone's budget."""
-    ttft_slo_thresholds_seconds: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_TTFT_CLASS_THRESHOLDS)
+    ttft_slo_thresholds_seconds: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=lambda: dict(DEFAULT_TTFT_CLASS_THRESHOLDS),
+        examples=["8192=1.0,+Inf=5.0"],
     )
     """TTFT SLO threshold per ``prompt_size`` class (a bound as a decimal string, ``+Inf``
-    or ``unknown``); a class not named uses ``ttft_slo_threshold_seconds``. Environment:
-    JSON. Each must be a boundary of the TTFT histogram (``buckets.ttft_buckets``) so that
-    the alerts can read the histogram against it. Left at its default, the classes the
-    bounds no longer make are dropped; set, every key must be a class."""
-    client_left_bad_after_seconds: float = Field(default=10.0, gt=0)
+    or ``unknown``); a class not named uses ``ttft_slo_threshold_seconds``. Each must be a
+    boundary of the TTFT histogram (``buckets.ttft_buckets``) so that the alerts can read
+    the histogram against it. Left at its default, the classes the bounds no longer make
+    are dropped; set, every key must be a class."""
+    client_left_bad_after_seconds: float = Field(default=10.0, gt=0, examples=["30"])
     """A request whose client left before receiving its whole answer is recorded with
     ``code="499"``. It is bad for the ``availability`` SLI when the gateway had spent longer
     than this on it when the departure was noticed (the client likely timed out on a hang);
     sooner, it is left out (the client changed its mind). Why a threshold: a user closing a
     tab is no outage, a hang every client times out on is."""
-    stage_budgets_seconds: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS_SECONDS)
+    stage_budgets_seconds: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=lambda: dict(DEFAULT_STAGE_BUDGETS_SECONDS),
+        examples=["tokenizer=0.005,inference=1.5"],
     )
     """Latency budget per stage, exported as ``stagelens_stage_budget_seconds``."""
-    daily_budgets_usd: dict[str, float] = Field(default_factory=dict)
+    daily_budgets_usd: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict, examples=["acme=100,globex=50"]
+    )
     """Daily spend budget per tenant, exported as ``stagelens_budget_usd{window="1d"}``."""
-    excluded_paths: tuple[str, ...] = ("/metrics", "/health", "/healthz", "/ready")
+    excluded_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=("/metrics", "/health", "/healthz", "/ready"), examples=["/metrics,/health"]
+    )
     """Request paths the middleware passes through untouched (no span, no metric)."""
-    capture_message_content: bool = Field(default_factory=_capture_content_default)
+    capture_message_content: bool = Field(
+        default_factory=_capture_content_default, examples=["true"]
+    )
     """Record prompt/completion text on spans; off unless
     ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``."""
-    default_model: str = "unknown"
+    default_model: str = Field(default="unknown", examples=["unnamed"])
     """``model`` label for requests whose model was never set (e.g. rejected early)."""
-    span_queue_size: int = Field(default=2048, ge=1)
+    span_queue_size: int = Field(default=2048, ge=1, examples=["8192"])
     """Bound on spans waiting for export: a dead collector costs at most this much memory."""
-    tail_stall_seconds: float = Field(default=1.0, gt=0)
+    tail_stall_seconds: float = Field(default=1.0, gt=0, examples=["0.5"])
     """With the tail sampler (``OTEL_TRACES_SAMPLER=stagelens_tail``): a streamed request
     with one inter-token gap above this keeps its trace, even when its mean inter-token
     latency met the ITL SLO (a stall the client saw)."""
-    tail_slow_seconds: float = Field(default=10.0, gt=0)
+    tail_slow_seconds: float = Field(default=10.0, gt=0, examples=["5"])
     """With the tail sampler: a request that took longer than this from receipt to last
     byte keeps its trace (the end-to-end threshold; TTFT and ITL are judged by their SLO
     thresholds)."""
-    tail_exemplar_refresh_seconds: float = Field(default=EXEMPLAR_REFRESH_SECONDS, gt=0)
+    tail_exemplar_refresh_seconds: float = Field(
+        default=EXEMPLAR_REFRESH_SECONDS, gt=0, examples=["30"]
+    )
     """With the tail sampler: a request-duration bucket of a model that no kept trace filled
     for this long gets the next request in it kept as its exemplar, and the slowest request
     of each model in each window this long is kept. About one Prometheus scrape interval:
     set it to yours, so that each scrape finds a fresh exemplar that opens a trace. Read
     once per registry, as its instruments are made (the first ``Telemetry`` on it)."""
-    genai_metrics: bool = False
+    genai_metrics: bool = Field(default=False, examples=["1"])
     """Also record the GenAI semantic conventions' OpenTelemetry histograms
     (``gen_ai.server.*``, ``gen_ai.client.token.usage``) and export them over OTLP
     (``configure()``; ``exporters/genai_metrics.py``). Off: nothing is created or recorded."""
-    genai_metrics_exponential: bool = False
+    genai_metrics_exponential: bool = Field(default=False, examples=["1"])
     """With ``genai_metrics``: aggregate those histograms as base-2 exponential histograms
     (a View on the MeterProvider ``configure()`` builds) instead of the semconv's explicit
     buckets."""
+    strict: bool = Field(default=False, examples=["1"])
+    """Refuse to start (``ConfigurationError``) when the environment holds a ``STAGELENS_*``
+    variable that is no setting, instead of warning about it: a misspelt setting never
+    applies in silence."""
+
+    _sources: dict[str, Source] = PrivateAttr(default_factory=dict)
+
+    def __init__(self, **values: Any) -> None:
+        super().__init__(**values)
+        given = {k for k in values if not k.startswith("_")}  # "_env_prefix" etc. aside
+        self._sources = {name: _source(name, given, os.environ) for name in type(self).model_fields}
+
+    @property
+    def sources(self) -> Mapping[str, Source]:
+        """Where each setting's value came from: ``keyword``, ``environment`` (its
+        ``STAGELENS_*`` variable, or the variable ``DEFAULTS_FROM`` names) or ``default``."""
+        return self._sources
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _from_text(cls, value: Any, info: ValidationInfo) -> Any:
+        """A list or map field given as text (its variable, or a keyword): the comma or
+        ``key=value`` form, or JSON (``env_values``). Every other value passes as it is."""
+        if isinstance(value, str) and info.field_name is not None:
+            form = kind(cls.model_fields[info.field_name])
+            if form == "list":
+                return tuple(parse_list(value))
+            if form == "map":
+                return parse_map(value)
+        return value
 
     @field_validator("itl_slo_threshold_seconds")
     @classmethod
@@ -161,19 +232,6 @@ class Settings(BaseSettings):
                 f"itl_slo_threshold_seconds must be a boundary of the ITL histogram, one of "
                 f"{list(INTER_TOKEN_LATENCY_BUCKETS)}; got {value}"
             )
-        return value
-
-    @field_validator("prompt_size_bounds", mode="before")
-    @classmethod
-    def _bounds_from_text(cls, value: Any) -> Any:
-        if isinstance(value, str):  # the environment's comma-separated list
-            parts = [part.strip() for part in value.split(",")]
-            try:
-                return tuple(int(part) for part in parts if part)
-            except ValueError:
-                raise ValueError(
-                    f"prompt_size_bounds must be comma-separated integers; got {value!r}"
-                ) from None
         return value
 
     @field_validator("prompt_size_bounds")
@@ -203,12 +261,16 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _tenant_list_fits_cap(self) -> Settings:
         if len(self.tenants) > self.max_tenants:
-            raise ValueError(
-                f"{len(self.tenants)} tenants configured but max_tenants={self.max_tenants}"
+            raise CrossFieldError(
+                f"{len(self.tenants)} tenants configured but max_tenants={self.max_tenants}",
+                "tenants",
+                "max_tenants",
             )
         if len(self.models) > self.max_models:
-            raise ValueError(
-                f"{len(self.models)} models configured but max_models={self.max_models}"
+            raise CrossFieldError(
+                f"{len(self.models)} models configured but max_models={self.max_models}",
+                "models",
+                "max_models",
             )
         classes = _class_names(self.prompt_size_bounds)
         thresholds = self.ttft_slo_thresholds_seconds
@@ -219,16 +281,30 @@ class Settings(BaseSettings):
         edges = ttft_buckets(self.ttft_slo_threshold_seconds)
         for name, seconds in thresholds.items():
             if name not in classes:
-                raise ValueError(
+                raise CrossFieldError(
                     f"ttft_slo_thresholds_seconds names {name!r}, which is no prompt_size "
-                    f"class; the classes are {list(classes)}"
+                    f"class; the classes are {list(classes)}",
+                    "ttft_slo_thresholds_seconds",
+                    "prompt_size_bounds",
                 )
             if seconds not in edges:
-                raise ValueError(
+                raise CrossFieldError(
                     f"ttft_slo_thresholds_seconds[{name!r}] = {seconds} is no boundary of the "
-                    f"TTFT histogram, one of {list(edges)}"
+                    f"TTFT histogram, one of {list(edges)}",
+                    "ttft_slo_thresholds_seconds",
+                    "ttft_slo_threshold_seconds",
                 )
         return self
+
+
+def _source(name: str, given: set[str], environ: Mapping[str, str]) -> Source:
+    if name in given:
+        return "keyword"
+    if env_value(environ, name) is not None:
+        return "environment"
+    if name in DEFAULTS_FROM and env_flag(DEFAULTS_FROM[name]) is not None:
+        return "environment"
+    return "default"
 
 
 def _class_names(bounds: tuple[int, ...]) -> tuple[str, ...]:
@@ -272,16 +348,27 @@ class PromptSizeClasses:
 def load_settings(settings: Settings | None = None, **overrides: Any) -> Settings:
     """Return ``settings`` (or one built from the environment) with ``overrides`` applied.
 
-    Raises ConfigurationError (never pydantic's ValidationError) on invalid values.
+    Raises ConfigurationError (never pydantic's errors) on invalid values, naming each
+    variable or keyword, what it held, the reason and the expected form with an example.
     """
+    if settings is not None and not overrides:
+        return settings
+    keywords = dict(overrides)
     try:
         if settings is None:
             return Settings(**overrides)
-        if not overrides:
-            return settings
         given = settings.model_dump()
         if "ttft_slo_thresholds_seconds" not in settings.model_fields_set:
             del given["ttft_slo_thresholds_seconds"]  # the default follows the bounds given
-        return Settings(**{**given, **overrides})
+        keywords = {k: v for k, v in given.items() if settings.sources.get(k) == "keyword"}
+        keywords.update(overrides)
+        rebuilt = Settings(**{**given, **overrides})
+        keyword: Source = "keyword"
+        rebuilt._sources = {**settings.sources, **dict.fromkeys(overrides, keyword)}
+        return rebuilt
     except ValidationError as exc:
-        raise ConfigurationError(f"invalid stagelens settings: {exc}") from exc
+        # from None: the message says all, and pydantic's own text would only repeat it
+        # with less (no variable, no expected form).
+        raise ConfigurationError(
+            explain(exc, Settings.model_fields, keywords, os.environ)
+        ) from None

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Final
 from opentelemetry import trace
 
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
+from stagelens.metrics.record import BillingRecord, StageTimes
 from stagelens.pricing import Usage
-from stagelens.record import BillingRecord, StageTimes
+from stagelens.spans.recorded import pending_of
 from stagelens.stages import Stage
 
 if TYPE_CHECKING:
-    from stagelens.tail_sampling import PendingTrace
+    from stagelens.spans.pending import PendingTrace
     from stagelens.telemetry import Telemetry
 
 _CURRENT: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
@@ -64,9 +65,7 @@ class RequestState:
         self.root_span = root_span
         self.recording = recording = root_span.is_recording()
         """The trace is sampled in: stages and the upstream call make spans."""
-        self.pending: PendingTrace | None = (
-            getattr(root_span, "pending_trace", None) if recording else None
-        )
+        self.pending: PendingTrace | None = pending_of(root_span) if recording else None
         """The trace's keep decision under the tail sampler (None under any other): while
         it is undecided, stages record ``DeferredSpan`` data rather than spans."""
         self.started_at = time.perf_counter()

@@ -558,3 +558,16 @@ mode."""
 HISTOGRAM_MAX: Final = "stagelens_histogram_max_seconds"
 """Gauge {histogram, stage, phase, model, code, prompt_size}: the largest value, as
 ``stagelens_histogram_min_seconds``."""
+
+# A process that is one of several workers of one server while nothing adds their metrics
+# up (``PROMETHEUS_MULTIPROC_DIR`` unset): ``stagelens/prefork.py`` finds them.
+METRICS_SPLIT: Final = "stagelens_metrics_split_info"
+"""Gauge {server, workers}: 1, on every worker, while this process is one of several workers
+of one server (uvicorn ``--workers``, gunicorn, any pre-fork server) and
+``PROMETHEUS_MULTIPROC_DIR`` is unset: each scrape reads only the worker that answers it, so
+counters jump back and forth and every rate is wrong. Absent otherwise."""
+LABEL_SERVER: Final = "server"
+"""The server whose workers split the metrics: ``gunicorn``, ``uvicorn``, ``hypercorn``,
+``granian``, ``daphne`` or ``unknown``."""
+LABEL_WORKERS: Final = "workers"
+"""How many workers accept on the answering worker's socket, itself included."""

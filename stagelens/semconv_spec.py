@@ -166,6 +166,7 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
     MetricSpec(
         sc.TRACE_DECISIONS, "counter", "requests", (sc.LABEL_DECISION, sc.LABEL_REASON), _GW
     ),
+    MetricSpec(sc.METRICS_SPLIT, "gauge", "1", (sc.LABEL_SERVER, sc.LABEL_WORKERS), _GW),
     MetricSpec(sc.KV_CACHE_QUERIES, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_HITS, "counter", "tokens", _ENGINE_LABELS, _PLUGIN),
     MetricSpec(sc.KV_CACHE_USAGE, "gauge", "ratio", _ENGINE_LABELS, _PLUGIN),

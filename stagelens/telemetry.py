@@ -20,14 +20,14 @@ from prometheus_client import REGISTRY, CollectorRegistry, make_asgi_app
 from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
-from stagelens._instruments import Instruments
 from stagelens._version import __version__
 from stagelens.config import Settings, load_settings
 from stagelens.errors import ConfigurationError
-from stagelens.fold import FOLD_EVERY, Fold
+from stagelens.metrics.fold import FOLD_EVERY, Fold
+from stagelens.metrics.instruments import Instruments
+from stagelens.metrics.prometheus import FoldOnCollect, PrometheusSink
 from stagelens.model_labels import ModelLabels
 from stagelens.pricing import PriceTable
-from stagelens.prometheus_sink import FoldOnCollect, PrometheusSink
 from stagelens.tenants import TenantLimiter
 
 logger = logging.getLogger("stagelens")
@@ -136,7 +136,7 @@ class Telemetry:
         )
         recording = recording_for(self.registry, self.settings)
         self.fold: Fold = recording.fold
-        """Where the middleware submits each finished request (``stagelens.record``)."""
+        """Where the middleware submits each finished request (``stagelens.metrics.record``)."""
         self.instruments: Instruments = recording.instruments
         if prices is None:
             prices = (

@@ -6,7 +6,7 @@ Telemetry (its own tracer provider with an in-memory exporter, its own Collector
 touches no globals, and is what stagelens's own tests use.
 
 The tracer is the one ``configure()`` builds, the deferred provider
-(``stagelens.exporters.deferred``: spans recorded on the request path, built and exported by
+(``stagelens.spans``: spans recorded on the request path, built and exported by
 a worker thread), so tests exercise what production runs; reading the spans flushes it
 first, so every span ended before the read is seen. ``capture_telemetry(tracer="sdk")``
 records through the OpenTelemetry SDK's TracerProvider instead (what an app passing its own

@@ -33,12 +33,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from prometheus_client import CollectorRegistry, Counter, Histogram, values
 from prometheus_client import multiprocess as mp
-from stagelens.exporters import deferred
-from stagelens.exporters.deferred import DeferredTracerProvider
 
 from stagelens import _compat
-from stagelens._series import FastCounter, FastHistogram
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS
+from stagelens.metrics.series import FastCounter, FastHistogram
+from stagelens.spans import provider as deferred
+from stagelens.spans.provider import DeferredTracerProvider
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ def test_exemplars_kept_equal_prometheus_client(monkeypatch, path) -> None:
     exemplar)`` (no exemplar storage, or no storage at all), gives the samples and the
     per-bucket exemplars (labels and value) of prometheus-client's own observe() with the
     candidates in order."""
-    from stagelens._series import ExemplarRef, exemplar_labels
+    from stagelens.metrics.series import ExemplarRef, exemplar_labels
 
     if path != "storage":
         monkeypatch.setattr(_compat, "exemplar_storage", lambda storage: None)

@@ -41,9 +41,9 @@ def test_env_flag_unset_is_the_default(monkeypatch) -> None:
 def test_the_itl_threshold_must_be_an_itl_bucket_boundary() -> None:
     """The ITL SLO threshold defaults to 100 ms and is refused when no ITL bucket ends
     there (the histogram could not be read against it)."""
-    from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
     from stagelens.config import load_settings
     from stagelens.errors import ConfigurationError
+    from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS
 
     assert load_settings().itl_slo_threshold_seconds == 0.1
     assert load_settings(itl_slo_threshold_seconds=0.05).itl_slo_threshold_seconds == 0.05
@@ -141,8 +141,8 @@ class TestPromptSizeClasses:
     def test_a_threshold_may_be_the_configured_default_edge(self) -> None:
         """The TTFT buckets gain ``ttft_slo_threshold_seconds`` as an edge: a class may use
         it too, though it is not one of the standard edges."""
-        from stagelens.buckets import TTFT_BUCKETS
         from stagelens.config import load_settings
+        from stagelens.metrics.buckets import TTFT_BUCKETS
 
         assert 0.3 not in TTFT_BUCKETS
         settings = load_settings(

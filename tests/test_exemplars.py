@@ -15,17 +15,17 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.samples import Exemplar
 
 from stagelens import _compat, semconv
-from stagelens._series import exemplar_labels
-from stagelens.buckets import (
+from stagelens.config import Settings
+from stagelens.metrics.buckets import (
     INTER_TOKEN_LATENCY_BUCKETS,
     REQUEST_DURATION_BUCKETS,
     STAGE_DURATION_BUCKETS,
     ttft_buckets,
 )
-from stagelens.config import Settings
-from stagelens.fold import FOLD_EVERY
-from stagelens.prometheus_sink import PrometheusSink
-from stagelens.record import ExemplarRef, RequestRecord, StageTimes
+from stagelens.metrics.fold import FOLD_EVERY
+from stagelens.metrics.prometheus import PrometheusSink
+from stagelens.metrics.record import ExemplarRef, RequestRecord, StageTimes
+from stagelens.metrics.series import exemplar_labels
 from stagelens.telemetry import recording_for
 
 _HISTOGRAMS = (

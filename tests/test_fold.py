@@ -11,10 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from stagelens import buckets, semconv
+from stagelens import semconv
 from stagelens.config import Settings
-from stagelens.fold import FOLD_EVERY
-from stagelens.record import BillingRecord, ExemplarRef, PhaseTimes, RequestRecord, StageTimes
+from stagelens.metrics import buckets
+from stagelens.metrics.fold import FOLD_EVERY
+from stagelens.metrics.record import (
+    BillingRecord,
+    ExemplarRef,
+    LoneRecord,
+    PhaseTimes,
+    RequestRecord,
+    StageTimes,
+)
 from stagelens.telemetry import recording_for
 
 
@@ -145,6 +153,37 @@ _BAD: dict[str, dict[str, Any]] = {
 }
 
 
+def test_lone_observations_reach_the_series_through_the_fold() -> None:
+    """A stage and an upstream call made outside any request are folded like requests'
+    records, among them: their stage, engine phase and upstream first-token times and an
+    unmetered call reach the series; they count no request, token or SLI."""
+    registry = CollectorRegistry()
+    fold = recording_for(registry, Settings()).fold
+    fold.submit(_record())
+    fold.submit(LoneRecord("m", StageTimes([("retrieval", 0.003)])))
+    call = LoneRecord(
+        "m",
+        StageTimes([("inference", 0.2)]),
+        PhaseTimes([("queue", 0.001), ("prefill", 0.04)]),
+        upstream_ttft=0.045,
+        unmetered=semconv.BILLING_UNBILLED,
+    )
+    fold.submit(call)
+
+    def value(name: str, **labels: str) -> float | None:
+        return _value(registry, name, **labels)
+
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="retrieval", model="m") == 1.0
+    assert value(f"{semconv.STAGE_DURATION}_sum", stage="retrieval", model="m") == 0.003
+    assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="prefill", model="m") == 2.0
+    assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="decode", model="m") == 1.0
+    assert value(f"{semconv.UPSTREAM_TTFT}_count", model="m", prompt_size="unknown") == 1.0
+    assert value(semconv.UNMETERED_REQUESTS, model="m", billing=semconv.BILLING_UNBILLED) == 1.0
+    assert value(semconv.REQUESTS, model="m", code="200") == 1.0  # the request alone
+    assert value(semconv.TOKENS, model="m", tenant="acme", type="input") == 300
+
+
 @pytest.mark.parametrize("bad", list(_BAD), ids=list(_BAD))
 def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
     """FOLD_EVERY records with one bad among them, folded once: every other record reaches
@@ -183,7 +222,7 @@ def test_one_bad_record_costs_only_itself(bad: str, caplog) -> None:
 def test_a_series_that_fails_to_write_loses_only_its_share(monkeypatch) -> None:
     """Should prometheus-client fail writing one series of a batch, the other series of
     the same records are still written, and the failure is counted."""
-    from stagelens._series import FastHistogram
+    from stagelens.metrics.series import FastHistogram
 
     registry = CollectorRegistry()
     fold, instruments = recording_for(registry, Settings())
@@ -233,7 +272,7 @@ def test_stage_and_phase_timings_cannot_be_swapped_under_mypy(monkeypatch) -> No
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     code = "\n".join(
         (
-            "from stagelens.record import PhaseTimes, RequestRecord, StageTimes",
+            "from stagelens.metrics.record import PhaseTimes, RequestRecord, StageTimes",
             's = StageTimes([("gateway", 0.1)])',
             'p = PhaseTimes([("queue", 0.1)])',
             'RequestRecord("m", "200", 1.0, None, [], stages=s, phases=p, rejected_by=None,'
@@ -337,6 +376,9 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         semconv.REQUEST_DURATION, ["model", "code"], buckets.REQUEST_DURATION_BUCKETS
     )
     ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model", "prompt_size"], ttft_bounds)
+    whole = histogram(
+        semconv.NON_STREAMED_RESPONSE, ["model", "prompt_size"], buckets.REQUEST_DURATION_BUCKETS
+    )
     answer_bounds = buckets.answer_buckets(
         settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
     )
@@ -346,7 +388,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     phase = histogram(
         semconv.ENGINE_PHASE_DURATION, ["phase", "model"], buckets.ENGINE_PHASE_BUCKETS
     )
-    upstream = histogram(semconv.UPSTREAM_TTFT, ["model"], ttft_bounds)
+    upstream = histogram(semconv.UPSTREAM_TTFT, ["model", "prompt_size"], ttft_bounds)
     requests = counter(semconv.REQUESTS, ["model", "code"])
     rejections = counter(semconv.REJECTIONS, ["stage", "model", "code"])
     unmetered = counter(semconv.UNMETERED_REQUESTS, ["model", "billing"])
@@ -360,9 +402,9 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
             decisions.labels(*r.trace_decision).inc()
         duration.labels(r.model, r.code).observe(r.duration)
         requests.labels(r.model, r.code).inc()
-        if r.ttft is not None:
-            ttft.labels(r.model, r.prompt_size).observe(r.ttft)
-        if r.ttfat is not None:
+        if r.ttft is not None:  # a non-streamed answer's first byte is its whole answer
+            (ttft if r.streamed else whole).labels(r.model, r.prompt_size).observe(r.ttft)
+        if r.ttfat is not None and r.streamed:
             ttfat.labels(r.model).observe(r.ttfat)
         for gap in r.gaps:
             itl.labels(r.model).observe(gap)
@@ -371,7 +413,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         for name, seconds in r.phases or ():
             phase.labels(name, r.model).observe(seconds)
         if r.upstream_ttft is not None:
-            upstream.labels(r.model).observe(r.upstream_ttft)
+            upstream.labels(r.model, r.prompt_size).observe(r.upstream_ttft)
         if r.rejected_by is not None:
             rejections.labels(r.rejected_by, r.model, r.code).inc()
         if r.unmetered is not None:

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {
     "stagelens": ROOT / "stagelens",
     "stagelens.slo": ROOT / "stagelens" / "slo",
+    "stagelens.metrics": ROOT / "stagelens" / "metrics",
+    "stagelens.spans": ROOT / "stagelens" / "spans",
     "stagelens.views": ROOT / "stagelens" / "views",
     "stagelens.cli": ROOT / "stagelens" / "cli",
     "stagelens.instrumentation": ROOT / "instrumentation",

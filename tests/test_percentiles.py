@@ -29,12 +29,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from stagelens.instrumentation.asgi import StageLensMiddleware
 from stagelens.reference.trace_receiver import decode_request
 
-from stagelens import buckets, semconv, stage
+from stagelens import semconv, stage
 from stagelens.cli import report as cli_report
 from stagelens.cli.report import figure_spans
 from stagelens.config import Settings
 from stagelens.errors import TraceSourceError
-from stagelens.record import RequestRecord, StageTimes
+from stagelens.metrics import buckets
+from stagelens.metrics.record import RequestRecord, StageTimes
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 from stagelens.telemetry import recording_for
 from stagelens.testing import capture_telemetry

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from stagelens import semconv
-from stagelens.buckets import TTFT_BUCKETS, ttft_buckets
+from stagelens.metrics.buckets import TTFT_BUCKETS, ttft_buckets
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS, Stage
 
 PROM_NAME = re.compile(r"^stagelens_[a-z0-9_]+$")

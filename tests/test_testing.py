@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, StatusCode
-from stagelens.exporters.deferred import DeferredTracerProvider
 
 from stagelens import semconv
+from stagelens.spans.provider import DeferredTracerProvider
 from stagelens.testing import TRACERS, capture_telemetry
 
 

@@ -105,7 +105,20 @@ class GatewayConfig(BaseModel):
         except (OSError, yaml.YAMLError) as exc:
             raise ConfigurationError(f"cannot read gateway config {path}: {exc}") from exc
         except ValidationError as exc:
-            raise ConfigurationError(f"invalid gateway config {path}: {exc}") from exc
+            problems = "; ".join(_problem(error) for error in exc.errors(include_url=False))
+            raise ConfigurationError(f"invalid gateway config {path}: {problems}") from None
+
+
+def _problem(error: Any) -> str:
+    """``models.tiny.max_inflight: Input should be greater than 0 (got -1)``. An API key
+    is never quoted: under ``api_keys`` the key is ``<key>`` and the value is left out."""
+    loc = [str(part) for part in error["loc"]]
+    secret = bool(loc) and loc[0] == "api_keys"
+    if secret and len(loc) > 1:
+        loc[1] = "<key>"
+    got = error.get("input")
+    shown = "" if secret or isinstance(got, dict | list) else f" (got {got!r})"
+    return f"{'.'.join(loc) or '(the file)'}: {error['msg']}{shown}"
 
 
 def demo_config(

@@ -39,7 +39,7 @@ from fastapi import FastAPI
 from stagelens.reference.config import GatewayConfig
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stagelens.errors import StageLensError
+from stagelens.errors import ConfigurationError, StageLensError
 
 CONFIG_ENV: Final = "STAGELENS_GATEWAY_CONFIG"
 """Path of the YAML config every worker loads."""
@@ -94,6 +94,17 @@ def _announcing(asgi: ASGIApp, ready: Path) -> ASGIApp:
         await asgi(scope, receive, announce)
 
     return app
+
+
+def check_settings() -> None:
+    """Refuse, before any worker starts, what each worker's ``configure()`` would refuse:
+    a bad ``STAGELENS_*`` value, or under ``STAGELENS_STRICT=1`` an unknown ``STAGELENS_*``
+    variable (without it, each worker warns about one once). ConfigurationError."""
+    from stagelens.config import load_settings
+    from stagelens.settings_env import report_unknown_variables
+
+    if load_settings().strict:
+        report_unknown_variables(os.environ, strict=True)
 
 
 def write_config(config: GatewayConfig, path: Path) -> Path:
@@ -173,11 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve the gateway until SIGINT/SIGTERM (uvicorn's handling: requests in flight end),
-    and its metrics on the internal port."""
+    and its metrics on the internal port. A bad config or ``STAGELENS_*`` setting: exit
+    status 2 and the reason, before any worker starts."""
     import uvicorn
 
     args = build_parser().parse_args(argv)
-    config = GatewayConfig.load(args.config)  # a bad config fails here, not in every worker
+    try:  # a bad config or setting fails here, once, not in every worker
+        config = GatewayConfig.load(args.config)
+        check_settings()
+    except ConfigurationError as exc:
+        print(f"stagelens: error: {exc}", file=sys.stderr)
+        return 2
     os.environ[CONFIG_ENV] = str(args.config.resolve())
     own_dir: Path | None = None
     if args.workers > 1:

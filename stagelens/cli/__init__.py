@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES: Final[tuple[str, ...]] = (
     "stagelens.cli.gpu_exporter",
     "stagelens.cli.slo",
     "stagelens.cli.previews",
+    "stagelens.cli.config",
 )
 """Modules that contribute a subcommand, in help order."""
 

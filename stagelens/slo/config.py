@@ -23,8 +23,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stagelens import semconv as sc
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from stagelens.errors import ConfigurationError
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from stagelens.slo.burn_windows import (
     DEFAULT_BURN_WINDOWS,
     GOODPUT_BURN_WINDOWS,

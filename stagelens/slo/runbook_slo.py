@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from stagelens import semconv as sc
-from stagelens.buckets import INTER_TOKEN_LATENCY_BUCKETS
+from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS
 from stagelens.slo import alert_rules as ar
 from stagelens.slo.config import SloConfig
 from stagelens.slo.gateway_slis import gateway_stall_threshold

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, NamedTuple
 
 from stagelens import semconv as sc
-from stagelens.buckets import ERROR_TARGET as ERROR_TARGET  # the report keeps the target
+from stagelens.metrics.buckets import ERROR_TARGET as ERROR_TARGET  # the report keeps the target
 from stagelens.views.traces import SpanRecord, group_by_trace
 
 _RANK_SLACK: Final = 1e-9

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics
 
 from stagelens.config import Settings
-from stagelens.record import ExemplarRef, PhaseTimes, RequestRecord, StageTimes
+from stagelens.metrics.record import ExemplarRef, PhaseTimes, RequestRecord, StageTimes
 from stagelens.telemetry import recording_for
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from stagelens import semconv as sc
 from stagelens.config import Settings
-from stagelens.record import RequestRecord, StageTimes
+from stagelens.metrics.record import RequestRecord, StageTimes
 from stagelens.telemetry import recording_for
 from stagelens.views.percentiles import ERROR_TARGET, nearest_rank
 from tests._promstack import PROMETHEUS, PromStack, prom_stack
@@ -56,7 +56,10 @@ FAMILIES = {
 """The gateway's latency histograms; the engine phases keep vLLM's bounds (their panels say
 how far off they may be)."""
 
-pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing"),
+]
 
 Truth = dict[tuple[str, str], list[float]]
 """(family, stage or "") -> every value the requests of one model took."""

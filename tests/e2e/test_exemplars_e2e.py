@@ -26,7 +26,7 @@ from stagelens.reference.config import DEMO_API_KEY
 
 import stagelens
 from stagelens import semconv as sc
-from stagelens.buckets import ttft_buckets
+from stagelens.metrics.buckets import ttft_buckets
 from stagelens.slo import prometheus_server
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
 from tests._promstack import PROMETHEUS, WebhookSink, prom_stack

@@ -61,7 +61,11 @@ DEAD_BACKEND_JOB = "dead-vllm"
 VANISHED_GATEWAY_JOB = "gateway-vanished"
 """A gateway job no target has: what Prometheus sees once every gateway pod is gone."""
 
-pytestmark = pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing")
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.prometheus,
+    pytest.mark.skipif(not Path(PROMETHEUS).exists(), reason="prometheus missing"),
+]
 
 
 class Gateway(Served):

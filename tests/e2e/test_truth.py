@@ -541,8 +541,8 @@ class TestEnginePhases:
             if s.parent is not None and s.parent.span_id == readings.inference.context.span_id
         }
         assert set(phases) == {"queue", "prefill", "decode"}
-        upstream = readings.delta[_key(f"{sc.UPSTREAM_TTFT}_sum")]
-        assert readings.delta[_key(f"{sc.UPSTREAM_TTFT}_count")] == 1
+        upstream = readings.delta[_key(f"{sc.UPSTREAM_TTFT}_sum", prompt_size="1024")]
+        assert readings.delta[_key(f"{sc.UPSTREAM_TTFT}_count", prompt_size="1024")] == 1
         assert phases["queue"] + phases["prefill"] <= upstream <= readings.ttft
         assert phases["decode"] <= seen.gap_sum + 0.02
 

@@ -20,13 +20,14 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from stagelens.exporters.deferred import (
+
+from stagelens.spans.otlp_encode import encode_request
+from stagelens.spans.provider import (
     REASON_EXPORT_FAILED,
     REASON_QUEUE_FULL,
     DeferredTracerProvider,
-    RecordedSpan,
 )
-from stagelens.exporters.otlp_encode import encode_request
+from stagelens.spans.recorded import RecordedSpan
 
 RESOURCE = Resource({"service.name": "test", "team": "x"})
 
@@ -406,7 +407,7 @@ def test_encoding_edge_cases_equal_the_sdk_encoder(memory) -> None:
 def test_attributes_are_bounded_like_the_sdks(memory) -> None:
     """At most MAX_ATTRIBUTES per span whichever call sets them; a present key can still
     change, None is skipped, and an ended span changes no more."""
-    from stagelens.exporters.deferred import MAX_ATTRIBUTES
+    from stagelens.spans.recorded import MAX_ATTRIBUTES
 
     provider, _, _ = memory
     span = provider.get_tracer("t").start_span("s")
@@ -452,7 +453,7 @@ def test_cached_attribute_encoding_equals_its_plain_twin(
     """Any attributes, encoded one set after another (the caches warm, ``True`` beside
     ``1``, a key under several tags): the cached encoding writes the bytes its plain twin,
     which encodes every pair, writes."""
-    from stagelens.exporters import otlp_encode
+    from stagelens.spans import otlp_encode
 
     for attributes in batches:
         plain = otlp_encode.attributes_plain(attributes, tag)

@@ -19,20 +19,17 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import StatusCode
 from prometheus_client import CollectorRegistry
-from stagelens.exporters import deferred
-from stagelens.exporters.deferred import DeferredTracerProvider
 from stagelens.instrumentation.hooks import stage
 
 from stagelens import configure
 from stagelens.request import RequestState, _enter, _exit
+from stagelens.spans import provider as deferred
+from stagelens.spans import recorded
+from stagelens.spans.provider import DeferredTracerProvider
+from stagelens.spans.recorded import pending_of
+from stagelens.spans.stages import deferred_span, enter_stage, leave_stage, open_stage
 from stagelens.stages import Stage
-from stagelens.tail_sampling import (
-    TailSampler,
-    deferred_span,
-    enter_stage,
-    leave_stage,
-    open_stage,
-)
+from stagelens.tail_sampling import TailSampler
 
 _KEYS = st.sampled_from([f"k{i}" for i in range(6)])
 _VALUES = st.one_of(
@@ -139,7 +136,7 @@ def test_a_kept_stage_is_built_as_start_span_makes_it(
 
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    pending = root.pending_trace
+    pending = pending_of(root)
     stage = deferred_span(
         tracer, "tokenizer", trace.set_span_in_context(root), pending, dict(attributes)
     )
@@ -157,15 +154,15 @@ def test_the_attribute_limit_holds_as_on_a_span(providers: tuple[Any, Any, Any, 
     tail, tail_out, _, _ = providers
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
+    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), pending_of(root), {})
     for i in range(200):
         stage.set_attribute(f"a{i}", i)
     stage.set_attribute("a5", "again")
     stage.end()
-    root.pending_trace.settle(True)
+    pending_of(root).settle(True)
     root.end()
     (built,) = [s for s in _exported(tail, tail_out) if s.name == "s"]
-    assert len(built.attributes) == deferred.MAX_ATTRIBUTES
+    assert len(built.attributes) == recorded.MAX_ATTRIBUTES
     assert built.attributes["a5"] == "again"
     assert "a127" in built.attributes
     assert "a128" not in built.attributes
@@ -183,11 +180,11 @@ def test_spans_started_inside_a_stage_are_its_children(
     token = context.attach(trace.set_span_in_context(root))
     try:
         outer = deferred_span(
-            tracer, "outer", trace.set_span_in_context(root), root.pending_trace, {}
+            tracer, "outer", trace.set_span_in_context(root), pending_of(root), {}
         )
         outer_open = enter_stage(outer)
         inner = deferred_span(
-            tracer, "inner", trace.set_span_in_context(root), root.pending_trace, {}
+            tracer, "inner", trace.set_span_in_context(root), pending_of(root), {}
         )
         inner_open = enter_stage(inner)
         assert inner.parent is outer
@@ -205,7 +202,7 @@ def test_spans_started_inside_a_stage_are_its_children(
         after.end()
     finally:
         context.detach(token)
-    root.pending_trace.settle(True)
+    pending_of(root).settle(True)
     root.end()
     spans = {s.name: s for s in _exported(tail, tail_out)}
     ids = {name: s.context.span_id for name, s in spans.items()}
@@ -227,13 +224,13 @@ def test_a_dropped_trace_builds_nothing_and_draws_no_id(
     """Dropped: the stage's data is discarded, never built, and its id never drawn."""
     tail, tail_out, _, _ = providers
     built: list[Any] = []
-    monkeypatch.setattr(deferred, "_built", lambda stage: built.append(stage))
+    monkeypatch.setattr(deferred, "built", lambda stage: built.append(stage))
     tracer = tail.get_tracer("t")
     root = tracer.start_span("root")
-    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), root.pending_trace, {})
+    stage = deferred_span(tracer, "s", trace.set_span_in_context(root), pending_of(root), {})
     stage.set_attribute("k", 1)
     stage.end()
-    root.pending_trace.settle(False)
+    pending_of(root).settle(False)
     root.end()
     assert _exported(tail, tail_out) == []
     assert built == []
@@ -249,10 +246,8 @@ def test_a_stage_ending_after_the_decision_follows_it(
     tracer = tail.get_tracer("t")
     for keep in (True, False):
         root = tracer.start_span("root")
-        stage = deferred_span(
-            tracer, "late", trace.set_span_in_context(root), root.pending_trace, {}
-        )
-        root.pending_trace.settle(keep)
+        stage = deferred_span(tracer, "late", trace.set_span_in_context(root), pending_of(root), {})
+        pending_of(root).settle(keep)
         root.end()
         stage.end()
         names = sorted(s.name for s in _exported(tail, tail_out))
@@ -276,7 +271,7 @@ def test_a_span_that_fails_to_build_is_dropped_alone_counted_and_logged_once(
     try:
         tracer = provider.get_tracer("t")
         root = tracer.start_span("root")
-        pending = root.pending_trace
+        pending = pending_of(root)
         ctx = trace.set_span_in_context(root)
         bad = deferred_span(tracer, "bad", ctx, pending, {})
 

@@ -117,7 +117,7 @@ def test_fast_histogram_ignores_nan() -> None:
     """A NaN would turn observe()'s sum into NaN for good; FastHistogram drops it."""
     from prometheus_client import Histogram
 
-    from stagelens._series import FastHistogram
+    from stagelens.metrics.series import FastHistogram
 
     registry = CollectorRegistry()
     child = Histogram("h", "h", ["m"], buckets=(1.0,), registry=registry).labels("x")

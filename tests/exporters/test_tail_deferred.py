@@ -12,17 +12,13 @@ from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
-from stagelens.exporters.deferred import DeferredTracerProvider, RecordedSpan
 
 from stagelens import semconv
 from stagelens.errors import ConfigurationError
-from stagelens.tail_sampling import (
-    ExemplarSlots,
-    PendingTrace,
-    TailSampler,
-    keep_reason,
-    tail_sampler,
-)
+from stagelens.spans.pending import PendingTrace
+from stagelens.spans.provider import DeferredTracerProvider
+from stagelens.spans.recorded import RecordedSpan, pending_of
+from stagelens.tail_sampling import ExemplarSlots, TailSampler, keep_reason, tail_sampler
 
 
 @pytest.fixture
@@ -49,9 +45,9 @@ def _trace(provider: DeferredTracerProvider) -> tuple[Any, Any, PendingTrace]:
     tracer = provider.get_tracer("t")
     root = tracer.start_span("root")
     child = tracer.start_span("child", context=trace.set_span_in_context(root))
-    pending = root.pending_trace
+    pending = pending_of(root)
     assert pending is not None
-    assert child.pending_trace is pending
+    assert pending_of(child) is pending
     return root, child, pending
 
 
@@ -94,7 +90,7 @@ class TestPendingTraces:
             "r", context=trace.set_span_in_context(trace.NonRecordingSpan(remote))
         )
         assert kept.get_span_context().trace_flags.sampled
-        assert kept.pending_trace.head == semconv.REASON_PARENT
+        assert pending_of(kept).head == semconv.REASON_PARENT
         pending.settle(False)
 
     def test_a_root_nobody_decided_for_is_kept_when_it_failed(self, tail) -> None:

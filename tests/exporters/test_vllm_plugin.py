@@ -26,7 +26,7 @@ from stagelens.exporters.vllm_spans import emit_engine_spans
 from stagelens.exporters.vllm_stats import read_iteration, read_scheduler
 
 from stagelens import semconv
-from stagelens.buckets import ENGINE_PHASE_BUCKETS
+from stagelens.metrics.buckets import ENGINE_PHASE_BUCKETS
 from tests._otlp_receiver import OtlpReceiver
 from tests._otlp_receiver import otlp_receiver as running_receiver
 

@@ -36,14 +36,14 @@ from stagelens.exporters.genai_metrics import GenAIMetrics, enable_genai_metrics
 from starlette.applications import Starlette
 
 from stagelens import configure, semconv
-from stagelens.buckets import (
+from stagelens.metrics.buckets import (
     GEN_AI_CLIENT_TOKEN_USAGE_BUCKETS,
     GEN_AI_SERVER_REQUEST_DURATION_BUCKETS,
     GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN_BUCKETS,
     GEN_AI_SERVER_TIME_TO_FIRST_TOKEN_BUCKETS,
 )
-from stagelens.genai_call import GenAICall
-from stagelens.record import BillingRecord, RequestRecord, StageTimes
+from stagelens.metrics.genai_call import GenAICall
+from stagelens.metrics.record import BillingRecord, RequestRecord, StageTimes
 from stagelens.telemetry import Telemetry
 from tests._otlp_receiver import OtlpReceiver, otlp_receiver
 from tests._scaffold import Served
@@ -58,7 +58,7 @@ monotonic clock): the gateway takes its timestamps when a send returns, just aft
 client may have read those bytes, and a busy machine can preempt it in between."""
 
 # The v1.41.0 bucket advice, spelled out here from docs/gen-ai/gen-ai-metrics.md of
-# open-telemetry/semantic-conventions (tag v1.41.0), independently of stagelens.buckets.
+# open-telemetry/semantic-conventions (tag v1.41.0), independently of stagelens.metrics.buckets.
 ADVICE = {
     "gen_ai.server.request.duration": [
         0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92

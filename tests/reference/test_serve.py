@@ -14,11 +14,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from stagelens.reference import demo
-from stagelens.reference.config import demo_config
+from stagelens.reference.config import DEMO_API_KEY, GatewayConfig, demo_config
 from stagelens.reference.demo_traces import DemoTraces
-from stagelens.reference.serve import GatewayProcess, write_config
+from stagelens.reference.serve import GatewayProcess, GatewayStartError, write_config
 
 from stagelens import semconv
+from stagelens.errors import ConfigurationError
 
 ENV = {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "none"}
 
@@ -120,3 +121,126 @@ class TestDemo:
             with pytest.raises((urllib.error.URLError, OSError)):
                 urllib.request.urlopen(gone, timeout=2)
         assert Path(tmp_path / f"gateway-{port}.log").exists()
+
+
+def _series(metrics_url: str, name: str) -> list[tuple[dict[str, str], float]]:
+    text = httpx.get(metrics_url, timeout=30).text
+    return [
+        (dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    ]
+
+
+def _chat(url: str, model: str) -> int:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    headers = {"Authorization": f"Bearer {DEMO_API_KEY}"}
+    return httpx.post(
+        f"{url}/v1/chat/completions", json=body, headers=headers, timeout=60
+    ).status_code
+
+
+class TestOperatorSettings:
+    """The operators' table through the gateway's start-up: ``STAGELENS_*`` as operators
+    write them apply, a typo is warned about, a bad value stops the start with the reason
+    (exit 2, no traceback), before any worker starts."""
+
+    def test_the_comma_forms_apply_and_a_typo_is_warned(
+        self, tiny_model, tmp_path, port_factory
+    ) -> None:
+        """Lists and maps written comma-separated reach the metrics: the budgets
+        (``acme=100,globex=50``), the served models (``tiny,big``: a request for
+        ``tiny-chat`` is ``other``), the excluded paths (``/health,/nothing-here``: 5
+        requests there are not counted, 12 unauthorized chats are); ``STAGELENS_TENANT``
+        is warned about once, naming ``STAGELENS_TENANTS``."""
+        log = tmp_path / "gateway.log"
+        config = write_config(
+            demo_config(["http://127.0.0.1:9"], str(tiny_model)), tmp_path / "gateway.yaml"
+        )
+        env = {
+            **ENV,
+            "STAGELENS_TENANTS": "acme, globex",
+            "STAGELENS_MODELS": "tiny,big",
+            "STAGELENS_EXCLUDED_PATHS": "/health,/nothing-here",
+            "STAGELENS_DAILY_BUDGETS_USD": "acme=100,globex=50",
+            "STAGELENS_TENANT": "acme",
+        }
+        with GatewayProcess(
+            config, port_factory(), env=env, log_path=log, metrics_port=port_factory()
+        ) as gateway:
+            budgets = _series(gateway.metrics_url, semconv.BUDGET_USD)
+            excluded = [httpx.get(f"{gateway.url}/nothing-here", timeout=30) for _ in range(5)]
+            _unauthorized(gateway.url, 12)
+            answered = {model: _chat(gateway.url, model) for model in ("tiny", "tiny-chat")}
+            requests = _series(gateway.metrics_url, semconv.REQUESTS)
+        assert sorted((labels["tenant"], usd) for labels, usd in budgets) == [
+            ("acme", 100.0),
+            ("globex", 50.0),
+        ]
+        assert {r.status_code for r in excluded} == {404}  # not the 401 of a counted path
+        assert sum(v for labels, v in requests if labels["code"] == "401") == 12
+        assert sum(v for labels, v in requests if labels["code"] == "404") == 0
+        failed = {labels["model"] for labels, _ in requests if labels["code"] != "401"}
+        assert set(answered.values()) <= {502, 503, 504}, answered
+        assert failed == {"tiny", "other"}
+        text = log.read_text()
+        assert text.count("STAGELENS_TENANT is no stagelens variable") == 1, text
+        assert "did you mean STAGELENS_TENANTS?" in text
+
+    @pytest.mark.parametrize(
+        ("env", "said"),
+        [
+            (
+                {"STAGELENS_MAX_TENANTS": "lots"},
+                "STAGELENS_MAX_TENANTS='lots': Input should be a valid integer",
+            ),
+            (
+                {"STAGELENS_PROMPT_SIZE_BOUNDS": "1024,512"},
+                "STAGELENS_PROMPT_SIZE_BOUNDS='1024,512': prompt_size_bounds must be positive "
+                "and strictly increasing; got 512 after 1024",
+            ),
+            (
+                {"STAGELENS_TENANTS": "acme,globex,initech", "STAGELENS_MAX_TENANTS": "2"},
+                "3 tenants configured but max_tenants=2",
+            ),
+            (
+                {"STAGELENS_TENANT": "acme", "STAGELENS_STRICT": "1"},
+                "STAGELENS_TENANT is no stagelens variable and is ignored "
+                "(did you mean STAGELENS_TENANTS?)",
+            ),
+        ],
+    )
+    def test_a_bad_setting_stops_the_start_with_the_reason(
+        self, tiny_model, tmp_path, port_factory, env, said
+    ) -> None:
+        """Exit status 2, one line naming the variable and what is wrong, no traceback."""
+        log = tmp_path / "gateway.log"
+        config = write_config(
+            demo_config(["http://127.0.0.1:9"], str(tiny_model)), tmp_path / "gateway.yaml"
+        )
+        process = GatewayProcess(config, port_factory(), env={**ENV, **env}, log_path=log)
+        with pytest.raises(GatewayStartError, match="exited with 2"):
+            process.start(timeout=120)
+        text = log.read_text()
+        assert text.startswith("stagelens: error: "), text
+        assert said in text
+        assert "Traceback" not in text
+
+    def test_a_bad_gateway_config_names_the_field_never_a_key(self, tmp_path) -> None:
+        """The gateway's own YAML: each bad field with what it got; an API key is never
+        quoted."""
+        path = tmp_path / "gateway.yaml"
+        path.write_text(
+            "api_keys: {sk-secret-1: 5}\n"
+            "models: {tiny: {backends: [http://x], tokenizer: t, max_inflight: -1}}\n"
+            "rate_limit_burst: lots\n"
+        )
+        with pytest.raises(ConfigurationError) as raised:
+            GatewayConfig.load(path)
+        message = str(raised.value)
+        assert "models.tiny.max_inflight: Input should be greater than 0 (got -1)" in message
+        assert "rate_limit_burst: Input should be a valid integer" in message
+        assert "api_keys.<key>: Input should be a valid string" in message
+        assert "sk-secret" not in message
+        assert "pydantic" not in message

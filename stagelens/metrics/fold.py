@@ -1,9 +1,10 @@
-"""The fold: finished requests queued on the request path, handed in batches to the sinks.
+"""The fold: finished requests (and lone observations made outside any request) queued on
+the request path, handed in batches to the sinks.
 
 Why batches: a streamed request ends with ~15 observations and ~6 increments. Queued (O(1)
 on the request path) and handed over together, a sink writes each touched series once per
 batch instead of once per request. Why sinks of equal rank: the Prometheus series and the
-GenAI OpenTelemetry metrics both read the same records (``stagelens.record``); neither is
+GenAI OpenTelemetry metrics both read the same records (``stagelens.metrics.record``); neither is
 the other's consumer, and a failing sink costs only itself.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Final
 
 from stagelens import semconv as sc
-from stagelens.record import RequestRecord, RequestSink
+from stagelens.metrics.record import Record, RequestSink
 
 __all__ = ["FOLD_EVERY", "Fold"]
 
@@ -24,13 +25,13 @@ FOLD_EVERY: Final = 128
 """Queued records are handed to the sinks once this many are waiting (and whenever
 ``Fold.fold`` is called, as every Prometheus collection does first).
 
-Why 128: a sink's cost per batch is mostly per touched series and bucket (a sort, two
-bisects and one locked increment per bucket), shared by every record of the batch, so a
-record costs less the larger its batch (valgrind, a streamed request's record spread over
-each family's range: 89 k instructions in batches of 32, 59 k in 128, 51 k in 256). The
-price is the one request whose end folds the batch: about 7.5 M instructions (2 ms here)
-at 128, after its last byte was sent. Between scrapes a busy gateway fills a batch every
-few hundred milliseconds; a quiet one is folded by the scrape."""
+Why batches this large: a sink's cost per batch is mostly per touched series and bucket (a
+sort, two bisects and one locked increment per bucket), shared by every record of the batch,
+so a record costs less the larger its batch. The price is paid on the event loop by the one
+request whose end fills the batch, after its own last byte was sent: bounded by this many
+records, never more (a scrape folds whatever waits, however few). docs/overhead.md gives
+today's cost of a fold and the command that measures it. Between scrapes a busy gateway
+fills a batch every few hundred milliseconds; a quiet one is folded by the scrape."""
 
 FailureCounter = Callable[[int], None]
 """Counts ``n`` swallowed failures (``stagelens_telemetry_errors_total{component="metrics"}``)."""
@@ -45,7 +46,7 @@ class Fold:
         """``every``: hand over once this many records wait (1: at once, as multiprocess
         mode needs, whose scrape cannot fold first). ``count_failures`` counts what a sink
         swallowed or raised; the first failure ever is also logged, by its type."""
-        self._pending: deque[RequestRecord] = deque()
+        self._pending: deque[Record] = deque()
         self._lock = threading.Lock()
         self._every = every
         self._count_failures = count_failures
@@ -60,8 +61,9 @@ class Fold:
             self.sinks = (*self.sinks, sink)
             self.needs_genai = any(s.needs_genai for s in self.sinks)
 
-    def submit(self, record: RequestRecord) -> None:
-        """Queue one finished request (O(1)); hand over the batch once ``every`` wait."""
+    def submit(self, record: Record) -> None:
+        """Queue one finished request or lone observation (O(1)); hand over the batch
+        once ``every`` wait."""
         pending = self._pending
         pending.append(record)
         if len(pending) >= self._every:

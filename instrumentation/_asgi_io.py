@@ -1,18 +1,19 @@
-"""What the middleware reads from an ASGI scope: trace headers, the request body, how the
-server reports a departed client, and the HTTP semantic-convention attributes of the root
-span. Plain functions of the scope, apart from the middleware that calls them."""
+"""The ASGI side of the middleware: the types, the request's headers and body, and how a
+server tells that the client has gone. Plain functions of the scope and its messages, with
+no telemetry state.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from opentelemetry import propagate
-from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import Getter
 
+from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens.request import RequestState
 
@@ -20,6 +21,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class _HeaderGetter(Getter[Scope]):
@@ -34,28 +36,18 @@ class _HeaderGetter(Getter[Scope]):
         return [k.decode("latin-1") for k, _ in carrier.get("headers", ())]
 
 
-_GETTER = _HeaderGetter()
-_NO_PARENT = Context()
-_fields: tuple[object, frozenset[bytes]] = (None, frozenset())
-"""The global propagator and the header names it reads, encoded (refreshed on change)."""
+HEADERS = _HeaderGetter()
+"""The getter ``propagate.extract`` reads a request's trace headers with."""
+FASTAPI_TELEMETRY = _compat.FASTAPI_TELEMETRY_SCOPE_KEY
 
 
-def _extract(scope: Scope) -> Context:
-    """``propagate.extract`` of the request headers, skipped when none of the propagator's
-    fields is present (most requests at a gateway): the same empty context, without a
-    getter call and a header scan per field."""
-    global _fields
-    textmap = propagate.get_global_textmap()
-    if _fields[0] is not textmap:
-        _fields = (textmap, frozenset(f.lower().encode("latin-1") for f in textmap.fields))
-    fields = _fields[1]
-    for key, _ in scope.get("headers", ()):
-        if key in fields:
-            return propagate.extract(scope, getter=_GETTER)
-    return _NO_PARENT
+async def maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
-async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
+async def read_body(receive: Receive) -> tuple[bytes, Receive]:
     """Read the whole request body; return it and a receive that replays it first."""
     chunks: list[bytes] = []
     pending: Message | None = None
@@ -82,26 +74,26 @@ async def _read_body(receive: Receive) -> tuple[bytes, Receive]:
     return body, replay
 
 
-_SPEC_2_4: dict[str, bool] = {}
+SPEC_2_4: dict[str, bool] = {}
 """ASGI ``spec_version`` strings seen, and whether each is 2.4 or later."""
 
 
-def _reports_departure_by_send(scope: Scope) -> bool:
+def reports_departure_by_send(scope: Scope) -> bool:
     """Under ASGI spec >= 2.4 a departed client shows as a send that raises ``OSError``
     (Starlette then stops listening on ``receive``); before 2.4, as ``http.disconnect``
     from ``receive``, which ``wrapped_receive`` notes."""
     spec = scope.get("asgi", {}).get("spec_version", "2.0")
-    found = _SPEC_2_4.get(spec)
+    found = SPEC_2_4.get(spec)
     if found is None:
         try:
             found = tuple(int(part) for part in str(spec).split(".")) >= (2, 4)
         except ValueError:
             found = True  # unknown: assume the newer behaviour (catching costs little)
-        _SPEC_2_4[spec] = found
+        SPEC_2_4[spec] = found
     return found
 
 
-def _noting_departure(send: Send, state: RequestState) -> Send:
+def noting_departure(send: Send, state: RequestState) -> Send:
     """``send`` that marks the request disconnected when it raises ``OSError``, so that
     the upstream stream closed on the way out records the client's departure."""
 
@@ -115,7 +107,7 @@ def _noting_departure(send: Send, state: RequestState) -> Send:
     return send_noting_departure
 
 
-def _expects_continue(scope: Scope) -> bool:
+def expects_continue(scope: Scope) -> bool:
     """The client sent ``Expect: 100-continue`` (it waits to be asked for its body)."""
     return any(
         key.lower() == b"expect" and value.lower() == b"100-continue"
@@ -123,7 +115,7 @@ def _expects_continue(scope: Scope) -> bool:
     )
 
 
-def _is_cancellation(error: BaseException) -> bool:
+def is_cancellation(error: BaseException) -> bool:
     """The request was cut short by the client leaving (or the server cancelling it).
 
     A send to a departed client raises ``OSError``; frameworks may turn that into their
@@ -144,7 +136,7 @@ def known_http_methods() -> frozenset[str]:
     return given or sc.HTTP_KNOWN_METHODS
 
 
-def _server_attributes(scope: Scope, method: str, known: bool) -> dict[str, Any]:
+def server_attributes(scope: Scope, method: str, known: bool) -> dict[str, Any]:
     attributes: dict[str, Any] = {
         sc.HTTP_REQUEST_METHOD: method if known else sc.HTTP_METHOD_OTHER,
         sc.URL_PATH: scope.get("path", ""),

@@ -25,10 +25,10 @@ from prometheus_client.samples import Exemplar
 from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._plain import plain
-from stagelens.record import ExemplarRef
+from stagelens.metrics.record import ExemplarRef
 
 if TYPE_CHECKING:
-    from stagelens._instruments import Instruments
+    from stagelens.metrics.instruments import Instruments
 
 _BUCKET_RUNS = not plain("bucket_runs")
 _VALUE = itemgetter(0)
@@ -68,19 +68,6 @@ class ChildCache:
                     child = self._metric.labels(*labels)
                     self._children[labels] = child
         return child
-
-
-class ClassedChildCache(ChildCache):
-    """A ``ChildCache`` of a series labelled (model, prompt_size) that a caller may name by
-    its model alone: an upstream call made outside any instrumented request has no class
-    (``unknown``), as a request whose input tokens are not known."""
-
-    __slots__ = ()
-
-    def get(self, *labels: str) -> _Child:
-        if len(labels) == 1:
-            labels = (*labels, sc.PROMPT_SIZE_UNKNOWN)
-        return super().get(*labels)
 
 
 class FastHistogram:

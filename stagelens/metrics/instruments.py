@@ -2,10 +2,10 @@
 registry, with the label names of each metric's one declaration (``semconv_spec.METRICS``).
 
 Why one object: instruments are created at instrument time (never on a request) and their
-label children are bound and cached (``stagelens._series``), so writing is a dict lookup
+label children are bound and cached (``stagelens.metrics.series``), so writing is a dict lookup
 plus an update. One ``Instruments`` per registry also avoids duplicate-registration errors
 when several apps (or tests) share a process. What writes into them is the Prometheus sink
-(``stagelens.prometheus_sink``); the hooks write stage timings of their own.
+(``stagelens.metrics.prometheus``); the hooks write stage timings of their own.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens._series import BillingSeries, ChildCache, ClassedChildCache, ModelSeries
-from stagelens.buckets import (
+from stagelens.config import Settings
+from stagelens.metrics.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
     REQUEST_DURATION_BUCKETS,
@@ -29,7 +29,7 @@ from stagelens.buckets import (
     answer_buckets,
     ttft_buckets,
 )
-from stagelens.config import Settings
+from stagelens.metrics.series import BillingSeries, ChildCache, ModelSeries
 from stagelens.tail_sampling import ExemplarSlots
 
 __all__ = ["Instruments"]
@@ -173,7 +173,7 @@ class Instruments:
                 registry=r,
             )
         )
-        self.upstream_ttft = ClassedChildCache(
+        self.upstream_ttft = ChildCache(
             Histogram(
                 sc.UPSTREAM_TTFT,
                 "Upstream request sent to its first output-bearing event received.",
@@ -264,7 +264,7 @@ class Instruments:
 class _Extremes:
     """Scrape-time gauges: each gateway histogram series' smallest and largest value
     (``stagelens_histogram_min_seconds`` / ``_max_seconds``), read from the bound series;
-    registered after ``prometheus_sink.FoldOnCollect``, so a scrape sees the records it
+    registered after ``prometheus.FoldOnCollect``, so a scrape sees the records it
     folded."""
 
     def __init__(self, instruments: Instruments) -> None:

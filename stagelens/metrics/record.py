@@ -4,7 +4,7 @@ Why one record, apart from its sinks: the request path knows the figures (its ti
 tokens, verdicts) and nothing of where they go; the sinks (the Prometheus series, the GenAI
 OpenTelemetry metrics) know where they go and nothing of how a request was measured. Like
 vLLM's ``v1/metrics`` keeps its stats apart from its loggers, the record is plain data, the
-fold (``stagelens.fold``) batches records off the request path, and each sink receives the
+fold (``stagelens.metrics.fold``) batches records off the request path, and each sink receives the
 same batches, none above another.
 """
 
@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from typing import NamedTuple, NewType, Protocol
 
 from stagelens import semconv as sc
-from stagelens.genai_call import GenAICall
+from stagelens.metrics.genai_call import GenAICall
 
 __all__ = [
     "BillingRecord",
     "ExemplarRef",
+    "LoneRecord",
     "PhaseTimes",
+    "Record",
     "RequestRecord",
     "RequestSink",
     "StageTimes",
@@ -113,6 +115,27 @@ class RequestRecord(NamedTuple):
     (``stagelens_non_streamed_response_seconds``)."""
 
 
+class LoneRecord(NamedTuple):
+    """An observation made outside any instrumented request: a ``stage()`` run by code the
+    middleware does not wrap (a background job, a start-up step), or an upstream call made
+    by a client used outside a request. It reaches every sink as a request's record does,
+    through the fold; it is no request, so it counts no request, token or SLI."""
+
+    model: str
+    """The bounded ``model`` label value (the default model for a stage)."""
+    stages: StageTimes
+    phases: PhaseTimes | None = None
+    """The engine's own timings of an upstream call."""
+    upstream_ttft: float | None = None
+    """An upstream call: request sent to its first output-bearing event, seconds."""
+    unmetered: str | None = None
+    """An upstream call whose server's usage was missing: the ``billing`` label value."""
+
+
+Record = RequestRecord | LoneRecord
+"""What the fold queues and every sink reads."""
+
+
 class RequestSink(Protocol):
     """Where folded batches of finished requests go (``Fold.add_sink``).
 
@@ -124,7 +147,8 @@ class RequestSink(Protocol):
     """Whether records must carry ``genai``: building it costs the request path, so it is
     built only while some sink needs it."""
 
-    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
-        """Record ``batch``; return the failures swallowed (a bad record costs only itself).
+    def write(self, batch: Sequence[Record]) -> list[Exception]:
+        """Record ``batch`` (finished requests and lone observations, in the order they
+        were submitted); return the failures swallowed (a bad record costs only itself).
         Raising counts as one failure of the whole batch for this sink."""
         ...

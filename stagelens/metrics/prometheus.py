@@ -1,8 +1,8 @@
 """The Prometheus sink: folded batches of finished requests written into the gateway series.
 
-Why a sink: the fold (``stagelens.fold``) hands every sink the same batches; this one turns
-them into the ``stagelens_*`` series of one registry (``stagelens._instruments``), through
-bound children (``stagelens._series``). Why per batch: observations of the same series
+Why a sink: the fold (``stagelens.metrics.fold``) hands every sink the same batches; this one turns
+them into the ``stagelens_*`` series of one registry (``stagelens.metrics.instruments``), through
+bound children (``stagelens.metrics.series``). Why per batch: observations of the same series
 become one bucket count in C and one locked increment per touched bucket, for all the
 requests of the batch. A scrape folds first (``FoldOnCollect``), so it never misses a
 finished request.
@@ -14,17 +14,18 @@ import weakref
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from itertools import chain, groupby
+from itertools import chain
 from operator import attrgetter
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
-from stagelens._instruments import Instruments
-from stagelens._series import Candidates, FastCounter, FastHistogram
-from stagelens.fold import Fold
-from stagelens.record import RequestRecord
+from stagelens import semconv as sc
+from stagelens.metrics.fold import Fold
+from stagelens.metrics.instruments import Instruments
+from stagelens.metrics.record import LoneRecord, Record, RequestRecord
+from stagelens.metrics.series import Candidates, FastCounter, FastHistogram
 
 __all__ = ["FoldOnCollect", "PrometheusSink"]
 
@@ -45,10 +46,12 @@ _PROMPT_SIZE: Final = attrgetter("prompt_size")
 
 def _grouped(items: Sequence[_Item], key: Callable[[_Item], str]) -> list[tuple[str, list[_Item]]]:
     """``items`` by their ``key``: each value (in sorted order) with its items, in their
-    order. Why sorted and grouped: a batch is nearly always one model, one status code,
-    one prompt class and one tenant, and a run of equal keys is sorted (stably) and
-    grouped in one pass in C, with no Python step per item."""
-    return [(value, list(group)) for value, group in groupby(sorted(items, key=key), key)]
+    order. A batch is nearly always one model, one status code, one prompt class and one
+    tenant, so each series is then looked up once per batch, not once per record."""
+    groups: dict[str, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return sorted(groups.items())
 
 
 def _check(observed: _Observed) -> None:
@@ -72,7 +75,7 @@ class PrometheusSink:
         self._keep_exemplars = _compat.in_process_values()
         self._decisions: dict[tuple[str, str], FastCounter] = {}
 
-    def write(self, batch: Sequence[RequestRecord]) -> list[Exception]:
+    def write(self, batch: Sequence[Record]) -> list[Exception]:
         """Write ``batch``; return the failures swallowed.
 
         A bad record costs only itself. The batch is first collected whole (the common
@@ -102,7 +105,7 @@ class PrometheusSink:
                 failed.append(exc)
         return failed
 
-    def _collect(self, batch: Sequence[RequestRecord]) -> tuple[_Observed, _Added, _Exemplars]:
+    def _collect(self, batch: Sequence[Record]) -> tuple[_Observed, _Added, _Exemplars]:
         """The observations and increments of ``batch``, per bound series, and the exemplar
         candidates of its sampled requests (their TTFT, worst inter-token gap, request
         duration and stage times, in the order the requests ended; none in multiprocess
@@ -115,9 +118,14 @@ class PrometheusSink:
         observed: _Observed = defaultdict(list)
         added: _Added = defaultdict(float)
         kept: _Exemplars = defaultdict(list)
-        for model, records in _grouped(batch, _MODEL):
+        # Anything that is not a lone observation is read as a request's record (and fails
+        # as one, counted, if it is not one).
+        requests = cast("list[RequestRecord]", [r for r in batch if not isinstance(r, LoneRecord)])
+        if len(requests) < len(batch):
+            self._collect_lone([r for r in batch if isinstance(r, LoneRecord)], observed, added)
+        for model, records in _grouped(requests, _MODEL):
             self._collect_model(model, records, observed, added, kept)
-        decisions = [r.trace_decision for r in batch if r.trace_decision is not None]
+        decisions = [r.trace_decision for r in requests if r.trace_decision is not None]
         for key, counted in Tally(decisions).items():
             added[self._decision(key)] += counted
         return observed, added, kept
@@ -175,7 +183,9 @@ class PrometheusSink:
                 ]
         upstream = [r for r in records if r.upstream_ttft is not None]
         for size, mine in _grouped(upstream, _PROMPT_SIZE):
-            observed[series.upstream_ttft(size)] += [r.upstream_ttft for r in mine]
+            observed[series.upstream_ttft(size)] += [
+                r.upstream_ttft for r in mine if r.upstream_ttft is not None
+            ]
         # What a record holds several of, or rarely: one pass, gathered by label value.
         stages: defaultdict[str, list[float]] = defaultdict(list)
         phases: defaultdict[str, list[float]] = defaultdict(list)
@@ -234,8 +244,25 @@ class PrometheusSink:
                 if r.exemplar is not None and r.ttft is not None
             ]
 
+    def _collect_lone(
+        self, records: Sequence[LoneRecord], observed: _Observed, added: _Added
+    ) -> None:
+        """``_collect`` for observations made outside any request: their stage, engine
+        phase and upstream first-token times, and an unmetered call's count."""
+        for record in records:
+            series = self._instruments.for_model(record.model)
+            for name, seconds in record.stages:
+                observed[series.stage(name)].append(seconds)
+            for name, seconds in record.phases or ():
+                observed[series.phase(name)].append(seconds)
+            if record.upstream_ttft is not None:  # no request, so no prompt-size class
+                unknown = series.upstream_ttft(sc.PROMPT_SIZE_UNKNOWN)
+                observed[unknown].append(record.upstream_ttft)
+            if record.unmetered is not None:
+                added[series.unmetered(record.unmetered)] += 1
+
     def _collect_each(
-        self, batch: Sequence[RequestRecord], failed: list[Exception]
+        self, batch: Sequence[Record], failed: list[Exception]
     ) -> tuple[_Observed, _Added, _Exemplars]:
         """``_collect`` record by record, leaving out (and listing in ``failed``) each
         record whose collection fails or holds a value that is not a number: a record left

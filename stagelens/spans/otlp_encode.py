@@ -28,7 +28,7 @@ from opentelemetry.trace import Link, SpanKind, StatusCode
 from stagelens._plain import plain
 
 if TYPE_CHECKING:
-    from stagelens.exporters.deferred import RecordedSpan
+    from stagelens.spans.recorded import RecordedSpan
 
 _fixed64: Final = struct.Struct("<Q").pack
 _double: Final = struct.Struct("<d").pack
