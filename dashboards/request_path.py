@@ -331,9 +331,10 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 ],
                 threshold_lines=itl_line,
                 exemplars=LATENCY_EXEMPLARS,
-                description=f"Gap between streamed tokens; p95 symptom threshold "
-                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges each request by "
-                f"its worst gap (a stall); the dots are sampled requests' worst gaps. {ITL_BOUND}",
+                description=f"Gap between streamed tokens; the dashed line is "
+                f"{cfg.itl_threshold_seconds:g}s (itl_slo_threshold_seconds), a reading guide "
+                "that no alert reads: the ITL SLI judges each request by its worst gap (a "
+                f"stall); the dots are sampled requests' worst gaps. {ITL_BOUND}",
             )
         )
         .with_panel(
@@ -350,6 +351,24 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "s",
                 f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Non-streamed answers: time to the whole answer",
+                "s",
+                [
+                    (
+                        quantile(q, sc.NON_STREAMED_RESPONSE, sc.LABEL_MODEL),
+                        f"p{int(q * 100)} {{{{model}}}}",
+                    )
+                    for q in (0.5, 0.95)
+                ],
+                exemplars=LATENCY_EXEMPLARS,
+                description="Gateway receipt to the first byte of a non-streamed answer, sent "
+                "once its whole generation was done (stagelens_non_streamed_response_seconds). "
+                "Kept out of every time-to-first-token panel, alert and SLI, which read streamed "
+                f"answers only. {E2E_BOUND}",
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))

@@ -75,6 +75,9 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     ttft = first_token_at - state.started_at if first_token_at is not None and code < 400 else None
     first_answer_at = state.first_answer_at if ttft is not None else None
     ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
+    # A non-streamed answer's first byte comes once its whole generation is done: recorded
+    # apart, so that no first-token figure (histogram, span, report) reads a generation.
+    streamed = state.streamed or tracker.sse
     gaps = (
         _outcome.inter_token_gaps(state.token_times, inference)
         if tracker.sse and inference is not None
@@ -143,11 +146,13 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
                 exemplar=exemplar,
                 trace_decision=decision,
                 ttfat=ttfat,
+                streamed=streamed,
             )
         )
     except Exception as exc:
         telemetry.report_error("metrics", exc)
-    end_root(tracker, error, code, code_label, (ttft, ttfat), disconnected, failure, dropped)
+    firsts = (ttft, ttfat) if streamed else (None, None)
+    end_root(tracker, error, code, code_label, firsts, disconnected, failure, dropped)
 
 
 def end_root(

@@ -41,7 +41,8 @@ ATTR_REJECTED_BY: Final = "stagelens.rejected_by"
 """On the root span: the stage that rejected the request (4xx/5xx answered by us)."""
 ATTR_TTFT: Final = "stagelens.time_to_first_token"
 """On the root span: seconds from gateway receipt to the first token sent to the client (as
-``stagelens_time_to_first_token_seconds``: the first body carrying generated output)."""
+``stagelens_time_to_first_token_seconds``: the first body carrying generated output; streamed
+answers only, as the histogram: a non-streamed answer's span lasts its whole answer)."""
 ATTR_COST_USD: Final = "stagelens.cost_usd"
 """On the billing span: the request's cost from the price table, in USD."""
 ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
@@ -501,7 +502,7 @@ does, the time the user waits past the thinking. Same buckets as the TTFT histog
 the answer SLO threshold a boundary."""
 ATTR_TTFAT: Final = "stagelens.time_to_first_answer_token"
 """On the root span: seconds from gateway receipt to the first answer token sent (as
-``stagelens_time_to_first_answer_token_seconds``)."""
+``stagelens_time_to_first_answer_token_seconds``; streamed answers only)."""
 SLI_ANSWER: Final = "answer"
 """``sli`` label value: the ``ttft`` requests (streamed completions not answered 4xx); bad
 when the time to first answer token exceeded ``answer_slo_threshold_seconds``, or no answer

@@ -163,13 +163,12 @@ class PrometheusSink:
         # whole answer, kept apart so that no TTFT figure reads a generation.
         answered = [r for r in records if r.ttft is not None]
         for size, mine in _grouped(answered, _PROMPT_SIZE):
-            ttft = series.ttft(size)
             whole = [r for r in mine if not r.streamed]
             if whole:
                 mine = [r for r in mine if r.streamed]
                 self._observe(series.non_streamed(size), whole, observed, kept)
             if mine:
-                self._observe(ttft, mine, observed, kept)
+                self._observe(series.ttft(size), mine, observed, kept)
         ttfats = [r.ttfat for r in records if r.ttfat is not None and r.streamed]
         if ttfats:
             observed[series.ttfat()] += ttfats
