@@ -87,7 +87,8 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     duration = end - state.started_at
     settings = telemetry.settings
     usage = state.usage or state.upstream_usage
-    prompt_size, ttft_threshold = tracker.mw.prompt_sizes.of(
+    sizes = tracker.mw.prompt_sizes
+    prompt_size, ttft_threshold = sizes.of(
         usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
     )
     server_failed = code >= 500 or failure is not None
@@ -103,7 +104,7 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
         stall_threshold=settings.itl_stall_threshold_seconds,
         client_left_bad_after=settings.client_left_bad_after_seconds,
         ttfat=ttfat,
-        answer_threshold=settings.answer_slo_threshold_seconds,
+        answer_threshold=sizes.answers[prompt_size],
     )
     exemplar: ExemplarRef | None = None
     decision: tuple[str, str] | None = None

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from stagelens import semconv
-from stagelens.config import Settings
+from stagelens.config import Settings, answer_classes
 from stagelens.metrics import buckets
 from stagelens.metrics.fold import FOLD_EVERY
 from stagelens.metrics.record import (
@@ -380,7 +380,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         semconv.NON_STREAMED_RESPONSE, ["model", "prompt_size"], buckets.REQUEST_DURATION_BUCKETS
     )
     answer_bounds = buckets.answer_buckets(
-        settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+        settings.ttft_slo_threshold_seconds, *dict(answer_classes(settings)).values()
     )
     ttfat = histogram(semconv.TIME_TO_FIRST_ANSWER_TOKEN, ["model"], answer_bounds)
     itl = histogram(semconv.INTER_TOKEN_LATENCY, ["model"], buckets.INTER_TOKEN_LATENCY_BUCKETS)

@@ -40,6 +40,7 @@ from stagelens.slo.gateway_slis import (
     DEFAULT_TTFT_CLASS_THRESHOLDS,
     PROMPT_SIZE_ABOVE,
     PROMPT_SIZE_UNKNOWN,
+    gateway_answer_classes,
     gateway_answer_threshold,
     gateway_prompt_size_classes,
     gateway_thresholds,
@@ -429,6 +430,11 @@ class SloConfig(BaseModel):
     def ttft_classes(self) -> tuple[tuple[str, float], ...]:
         """(``prompt_size``, TTFT threshold), in the gateway's class order."""
         return tuple(self.ttft_thresholds_by_prompt_size.items())
+
+    def answer_classes(self) -> tuple[tuple[str, float], ...]:
+        """(``prompt_size``, answer SLO threshold), in the gateway's class order: the
+        gateway's (``STAGELENS_ANSWER_SLO_THRESHOLDS_SECONDS``), which judges each request."""
+        return gateway_answer_classes()
 
 
 def slo_config_from_mapping(data: dict[str, Any]) -> SloConfig:

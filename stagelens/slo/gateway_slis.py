@@ -64,3 +64,18 @@ def gateway_prompt_size_classes(settings: Settings | None = None) -> tuple[tuple
     by_class = getattr(settings, "ttft_slo_thresholds_seconds", DEFAULT_TTFT_CLASS_THRESHOLDS)
     names = (*(str(b) for b in bounds), PROMPT_SIZE_ABOVE, PROMPT_SIZE_UNKNOWN)
     return tuple((name, float(by_class.get(name, default))) for name in names)
+
+
+def gateway_answer_classes(settings: Settings | None = None) -> tuple[tuple[str, float], ...]:
+    """(``prompt_size`` value, answer SLO threshold) the gateway judges each class's
+    ``answer`` SLI by, in the order of ``gateway_prompt_size_classes``
+    (``stagelens.config.answer_classes``); with a gateway release that judges every class by
+    one threshold, that one for each."""
+    from stagelens import config
+
+    settings = settings if settings is not None else load_settings()
+    helper = getattr(config, "answer_classes", None)
+    if helper is not None:
+        return tuple((str(c), float(t)) for c, t in helper(settings))
+    flat = gateway_answer_threshold(settings)
+    return tuple((name, flat) for name, _ in gateway_prompt_size_classes(settings))

@@ -69,6 +69,7 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
     ratio = class_error_ratio_record(sli, "1h") if classed else sli_error_ratio_record("1h")
     ttft = cfg.ttft_threshold_seconds
     classes = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.ttft_classes())
+    answers = ", ".join(f"`{size}`: {secs:g}s" for size, secs in cfg.answer_classes())
     bad = {
         sc.SLI_AVAILABILITY: "answered 5xx (503 and 504 included), broke after its 200 "
         "headers (upstream died, error event), or whose client gave up (499) after the server "
@@ -81,9 +82,10 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
         "tokens above the gateway's stall threshold), or broke after its first token",
         sc.SLI_GOODPUT: "streamed and missed the TTFT or the inter-token objective, or was cut "
         "after exactly one token",
-        sc.SLI_ANSWER: f"asked for a stream and got no answer token (past the model's "
-        f"reasoning) within {cfg.answer_threshold_seconds:g}s, failures and streams cut "
-        "while the model was still thinking included",
+        sc.SLI_ANSWER: "asked for a stream and got no answer token (past the model's "
+        f"reasoning) within the threshold of its prompt-size class (`prompt_size` {answers}), "
+        "failures and streams cut while the model was still thinking included (each class "
+        "burns its own budget, as for TTFT)",
     }[sli]
     trace = {
         sc.SLI_AVAILABILITY: f"{{ {SERVICE} && span.http.response.status_code >= 500 }}",
@@ -94,8 +96,7 @@ def burn_entry(cfg: SloConfig, sli: str) -> Entry:
         sc.SLI_ITL: '{ span.stagelens.stage = "inference" && span.gen_ai.request.stream = true '
         "&& status = error }",
         sc.SLI_GOODPUT: f"{{ {SERVICE} && span.stagelens.time_to_first_token > {ttft:g} }}",
-        sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > "
-        f"{cfg.answer_threshold_seconds:g} }}",
+        sc.SLI_ANSWER: f"{{ {SERVICE} && span.{sc.ATTR_TTFAT} > THRESHOLD }}",
     }[sli]
     title = _SLI_PANEL[sli]
     return Entry(

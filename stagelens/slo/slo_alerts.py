@@ -35,6 +35,11 @@ def class_thresholds_text(cfg: SloConfig) -> str:
     return ", ".join(f"{size}: {seconds:g}s" for size, seconds in cfg.ttft_classes())
 
 
+def answer_thresholds_text(cfg: SloConfig) -> str:
+    """The answer SLO threshold of each prompt-size class, for descriptions."""
+    return ", ".join(f"{size}: {seconds:g}s" for size, seconds in cfg.answer_classes())
+
+
 def _sli_text(cfg: SloConfig, sli: str) -> str:
     """What makes a request bad for ``sli``, for descriptions."""
     ttft = "its prompt-size class's threshold"
@@ -48,8 +53,9 @@ def _sli_text(cfg: SloConfig, sli: str) -> str:
         "threshold) or broke mid-stream",
         sc.SLI_GOODPUT: f"missed the TTFT ({ttft}) or the inter-token (stall) objective, or "
         "were cut after one token",
-        sc.SLI_ANSWER: f"had no answer token (past the reasoning) within "
-        f"{cfg.answer_threshold_seconds:g}s (errors and streams cut while thinking count)",
+        sc.SLI_ANSWER: "{{ with $labels.prompt_size }}with prompts of class {{ . }} {{ end }}"
+        f"had no answer token (past the reasoning) within {ttft} "
+        f"({answer_thresholds_text(cfg)}; errors and streams cut while thinking count)",
     }[sli]
 
 

@@ -196,7 +196,10 @@ class TestSloConfig:
         assert cfg.answer_threshold_seconds == 20.0
         burn = [r for r in _alerts(cfg) if r["alert"] == "StagelensAnswerBudgetBurn"]
         assert {r["labels"]["severity"] for r in burn} == {"page", "ticket"}
-        assert "within 20s" in burn[0]["annotations"]["description"]
+        # Each prompt-size class: the base, plus what its TTFT threshold allows beyond 0.5 s.
+        assert "1024: 20s, 8192: 20.5s, 32768: 22s, +Inf: 24.5s, unknown: 20s" in (
+            burn[0]["annotations"]["description"]
+        )
 
     def test_runbook_url_is_the_runbook_the_project_declares(self) -> None:
         """Every alert's runbook_url starts with the Runbook URL pyproject.toml declares (or
