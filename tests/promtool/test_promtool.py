@@ -43,6 +43,10 @@ BASELINE_ROUND_TWO = HERE / "baseline_round2"
 "case N" group of oncall2_test.yaml must fail on them."""
 ROUND_TWO_CASES = frozenset(range(1, 9))
 """The review's numbered cases (1-8); each has at least one group."""
+GATEWAY_CASES = frozenset({6})
+"""Cases fixed in the gateway, not in the rules: their groups feed the series the gateway
+now records, which the rules before the fix read rightly too (the gateway's side has tests
+of its own, tests/instrumentation/test_streamed_apart.py)."""
 
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool not installed")
 
@@ -276,10 +280,19 @@ class TestFindings:
         assert "parse error" not in output
 
 
+def _case(group: dict[str, Any]) -> int:
+    return int(group["name"].split(":")[0].split()[1])
+
+
 def round_two_cases() -> list[dict[str, Any]]:
     """The "case N: ..." groups of the second review's suite (not its "still: ..." ones)."""
     groups: list[dict[str, Any]] = yaml.safe_load(ROUND_TWO.read_text(encoding="utf-8"))["tests"]
     return [g for g in groups if g["name"].startswith("case ")]
+
+
+def rule_cases() -> list[dict[str, Any]]:
+    """The case groups whose fix is in the rules (all but ``GATEWAY_CASES``)."""
+    return [g for g in round_two_cases() if _case(g) not in GATEWAY_CASES]
 
 
 def _fails_on(rules: Path, group: dict[str, Any], tmp_path: Path) -> str:
@@ -313,11 +326,11 @@ def _fails_on(rules: Path, group: dict[str, Any], tmp_path: Path) -> str:
 class TestRoundTwo:
     def test_every_numbered_case_has_a_group(self) -> None:
         """Cases 1-8 of the second on-call review (issue 43) each have at least one group."""
-        numbers = {int(g["name"].split(":")[0].split()[1]) for g in round_two_cases()}
+        numbers = {_case(g) for g in round_two_cases()}
         assert numbers == ROUND_TWO_CASES
 
     @needs_promtool
-    @pytest.mark.parametrize("group", round_two_cases(), ids=lambda g: g["name"][:60])
+    @pytest.mark.parametrize("group", rule_cases(), ids=lambda g: g["name"][:60])
     def test_case_fails_on_the_rules_before_the_fix(
         self, group: dict[str, Any], tmp_path: Path
     ) -> None:
