@@ -200,6 +200,24 @@ def quantile_bound(bounds: Sequence[float], low: float, high: float) -> str:
     )
 
 
+def class_thresholds(cfg: SloConfig) -> str:
+    """The TTFT threshold of each prompt-size class as a PromQL vector labelled
+    ``prompt_size``, written from the config (a constant has no cluster to filter by)."""
+    return " or ".join(
+        f'label_replace(vector({seconds!r}), "{sc.LABEL_PROMPT_SIZE}", "{size}", "", "")'
+        for size, seconds in cfg.ttft_classes()
+    )
+
+
+def class_threshold_lines(cfg: SloConfig, window: str) -> str:
+    """One line per prompt-size class with TTFT traffic in ``window``: its threshold."""
+    traffic = (
+        f"sum by ({sc.LABEL_PROMPT_SIZE}) (rate({sc.TIME_TO_FIRST_TOKEN}_count{{{MODEL}}}"
+        f"[{window}])) > 0"
+    )
+    return f"0 * ({traffic}) + on ({sc.LABEL_PROMPT_SIZE}) group_left () ({class_thresholds(cfg)})"
+
+
 def mean(metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
     """Mean observation of a histogram per ``by`` group: sum rate / count rate."""
     grouping = f"sum by ({by}) " if by else "sum "

@@ -19,6 +19,7 @@ from stagelens.dashboards.k8s import monitors, stack
 
 from stagelens import semconv as sc
 from stagelens.slo.alert_rules import BlockDumper, render_alerts
+from stagelens.slo.alertmanager import ALERTMANAGER_FILE, render_alertmanager
 from stagelens.slo.config import SloConfig, load_slo_config
 from stagelens.slo.recording_rules import render_rules
 
@@ -37,6 +38,28 @@ def prometheus_rule(cfg: SloConfig) -> dict[str, Any]:
             "labels": {**PART_OF, "release": cfg.deploy.release_label},
         },
         "spec": {"groups": groups},
+    }
+
+
+ALERTMANAGER_SECRET: Final = "alertmanager-stagelens"
+"""The Secret an operator-run Alertmanager reads its configuration from (``configSecret``
+of the Alertmanager resource; kube-prometheus-stack:
+``alertmanager.alertmanagerSpec.configSecret``)."""
+
+
+def alertmanager_secret(cfg: SloConfig) -> dict[str, Any]:
+    """deploy/alertmanager/alertmanager.yaml as the Secret the prometheus-operator reads."""
+    text = yaml.dump(render_alertmanager(cfg), Dumper=BlockDumper, sort_keys=False, width=100)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": ALERTMANAGER_SECRET,
+            "namespace": cfg.deploy.monitoring_namespace,
+            "labels": dict(PART_OF),
+        },
+        "type": "Opaque",
+        "stringData": {ALERTMANAGER_FILE: text},
     }
 
 
@@ -123,8 +146,11 @@ def _multi_doc(docs: list[dict[str, Any]]) -> str:
 
 
 def write_all(cfg: SloConfig, out_dir: Path) -> list[Path]:
-    """Write deploy/kubernetes/*.yaml and deploy/grafana/provisioning/**; returns the paths."""
+    """Write deploy/kubernetes/*.yaml, deploy/alertmanager/alertmanager.yaml and
+    deploy/grafana/provisioning/**; returns the paths."""
     files: dict[Path, str] = {
+        out_dir / "alertmanager" / ALERTMANAGER_FILE: _multi_doc([render_alertmanager(cfg)]),
+        out_dir / "kubernetes" / "alertmanager-secret.yaml": _multi_doc([alertmanager_secret(cfg)]),
         out_dir / "kubernetes" / "prometheusrule.yaml": _multi_doc([prometheus_rule(cfg)]),
         out_dir / "kubernetes" / "monitors.yaml": _multi_doc(monitors(cfg)),
         out_dir / "kubernetes" / "stack.yaml": _multi_doc(stack(cfg)),

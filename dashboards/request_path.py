@@ -18,6 +18,7 @@ from stagelens.dashboards.common import (
     MODEL,
     WHERE,
     base,
+    class_threshold_lines,
     engine_phase_mean,
     engine_phase_quantile,
     mean,
@@ -34,6 +35,7 @@ from stagelens.dashboards.panels import (
 from stagelens import semconv as sc
 from stagelens.metrics import buckets
 from stagelens.metrics.buckets import worst_ratio
+from stagelens.slo.alert_rules import class_thresholds_text
 from stagelens.slo.config import SloConfig
 from stagelens.stages import STAGE_ORDER, Stage
 
@@ -294,7 +296,6 @@ def request_path(cfg: SloConfig) -> DashboardModel:
     )
     requests = f"{sc.REQUESTS}{{{MODEL}}}"
     failed = f'{sc.REQUESTS}{{{MODEL}, {sc.LABEL_CODE}!~"2.."}}'
-    ttft_line = ((None, "green"), (cfg.ttft_threshold_seconds, "red"))
     itl_line = ((None, "green"), (cfg.itl_threshold_seconds, "red"))
     return (
         _latency_rows(cfg, board)
@@ -304,12 +305,20 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "Time to first token",
                 "s",
                 [
-                    (quantile(q, sc.TIME_TO_FIRST_TOKEN, ""), f"p{int(q * 100)}")
-                    for q in (0.5, 0.95, 0.99)
+                    *(
+                        (
+                            quantile(q, sc.TIME_TO_FIRST_TOKEN, sc.LABEL_PROMPT_SIZE),
+                            f"p{int(q * 100)} {{{{prompt_size}}}}",
+                        )
+                        for q in (0.5, 0.95)
+                    ),
+                    (class_threshold_lines(cfg, RATE), "threshold {{prompt_size}}"),
                 ],
-                threshold_lines=ttft_line,
-                exemplars=LATENCY_EXEMPLARS,
-                description=f"SLO threshold {cfg.ttft_threshold_seconds:g}s (dashed). {TTFT_BOUND}",
+                unstacked_refs=("C",),
+                exemplar_refs=("A", "B") if LATENCY_EXEMPLARS else (),
+                description="Per prompt-size class, each against its own SLO threshold "
+                f"(dashed: {class_thresholds_text(cfg)}), since prefill grows with the prompt. "
+                f"{TTFT_BOUND}",
             )
         )
         .with_panel(
@@ -322,9 +331,10 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 ],
                 threshold_lines=itl_line,
                 exemplars=LATENCY_EXEMPLARS,
-                description=f"Gap between streamed tokens; p95 symptom threshold "
-                f"{cfg.itl_threshold_seconds:g}s (dashed). The ITL SLI judges each request by "
-                f"its worst gap (a stall); the dots are sampled requests' worst gaps. {ITL_BOUND}",
+                description=f"Gap between streamed tokens; the dashed line is "
+                f"{cfg.itl_threshold_seconds:g}s (itl_slo_threshold_seconds), a reading guide "
+                "that no alert reads: the ITL SLI judges each request by its worst gap (a "
+                f"stall); the dots are sampled requests' worst gaps. {ITL_BOUND}",
             )
         )
         .with_panel(
@@ -341,6 +351,24 @@ def request_path(cfg: SloConfig) -> DashboardModel:
                 "s",
                 f"sum by (le) (increase({sc.INTER_TOKEN_LATENCY}_bucket{{{MODEL}}}[{CELL}]))",
                 exemplars=LATENCY_EXEMPLARS,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Non-streamed answers: time to the whole answer",
+                "s",
+                [
+                    (
+                        quantile(q, sc.NON_STREAMED_RESPONSE, sc.LABEL_MODEL),
+                        f"p{int(q * 100)} {{{{model}}}}",
+                    )
+                    for q in (0.5, 0.95)
+                ],
+                exemplars=LATENCY_EXEMPLARS,
+                description="Gateway receipt to the first byte of a non-streamed answer, sent "
+                "once its whole generation was done (stagelens_non_streamed_response_seconds). "
+                "Kept out of every time-to-first-token panel, alert and SLI, which read streamed "
+                f"answers only. {E2E_BOUND}",
             )
         )
         .with_row(dashboard.Row("Traffic and errors"))

@@ -13,12 +13,12 @@ from stagelens.dashboards.common import (
     LATENCY_EXEMPLARS,
     MODEL,
     base,
+    class_threshold_lines,
     quantile,
     quantile_bound,
 )
 from stagelens.dashboards.panels import (
     NEUTRAL,
-    bad_above,
     good_above,
     stat_panel,
     timeseries_panel,
@@ -30,8 +30,10 @@ from stagelens.slo.alert_rules import BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
 from stagelens.slo.recording_rules import (
     BUDGET_REMAINING_RECORD,
+    CLASSED_SLIS,
+    class_budget_remaining_record,
+    class_error_ratio_record,
     sli_error_ratio_record,
-    ttft_class_error_ratio_record,
     ttft_p95_record,
 )
 
@@ -64,20 +66,24 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
     factors = sorted({w.factor for w in cfg.windows_for(sli)})
     alert = BURN_ALERTS[sli]
     links = [(f"Runbook: {alert}", runbook_url(cfg, alert))]
-    if sli == sc.SLI_TTFT:
-        # The TTFT burn pages per prompt-size class: one line per class, as the alert reads it.
+    classed = sli in CLASSED_SLIS
+    # A classed SLI pages per prompt-size class: its stats and burns are drawn per class, as
+    # the alert reads them (one class at 100 % bad is not hidden in the model's 4 %).
+    series = "{{model}} {{prompt_size}}" if classed else "{{model}}"
+    if classed:
         burn = [
-            (
-                f"{ttft_class_error_ratio_record(w)}{{{selector}}} / {budget:.6g}",
-                "{{model}} {{prompt_size}} " + w,
-            )
+            (f"{class_error_ratio_record(sli, w)}{{{selector}}} / {budget:.6g}", f"{series} {w}")
             for w in longs
         ]
+        period_ratio = class_error_ratio_record(sli, period)
+        remaining = class_budget_remaining_record(sli)
     else:
         burn = [
-            (f"{sli_error_ratio_record(w)}{{{selector}}} / {budget:.6g}", "{{model}} " + w)
+            (f"{sli_error_ratio_record(w)}{{{selector}}} / {budget:.6g}", f"{series} {w}")
             for w in longs
         ]
+        period_ratio = sli_error_ratio_record(period)
+        remaining = BUDGET_REMAINING_RECORD
     burn_lines = [(None, "green"), *((f, "red" if f > 3 else "yellow") for f in factors)]
     return (
         board.with_row(dashboard.Row(f"{title}: {objective:.4g} over {period}"))
@@ -85,19 +91,20 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
             stat_panel(
                 f"{title} SLI ({period})",
                 "percentunit",
-                [(f"1 - {sli_error_ratio_record(period)}{{{selector}}}", "{{model}}")],
+                [(f"1 - {period_ratio}{{{selector}}}", series)],
                 steps=good_above(objective),
                 decimals=2,
                 links=links,
-                description=f"Share of good requests over {period}, per model; red below the "
-                f"objective {objective:g}.",
+                description=f"Share of good requests over {period}, per model"
+                + (" and prompt-size class" if classed else "")
+                + f"; red below the objective {objective:g}.",
             )
         )
         .with_panel(
             stat_panel(
                 f"{title} error budget left ({period})",
                 "percentunit",
-                [(f"{BUDGET_REMAINING_RECORD}{{{selector}}}", "{{model}}")],
+                [(f"{remaining}{{{selector}}}", series)],
                 steps=((None, "red"), (0, "yellow"), (0.25, "green")),
                 decimals=1,
                 links=links,
@@ -116,9 +123,7 @@ def _sli_row(cfg: SloConfig, board: dashboard.Dashboard, sli: str) -> dashboard.
                 f"(dashed), with at least {cfg.min_requests} requests and {cfg.min_bad_events} "
                 "bad ones."
                 + (
-                    " One line per prompt-size class: each burns its own budget."
-                    if sli == sc.SLI_TTFT
-                    else ""
+                    " One line per prompt-size class: each burns its own budget." if classed else ""
                 ),
             )
         )
@@ -167,10 +172,11 @@ def slos(cfg: SloConfig) -> DashboardModel:
                             cfg.ttft_p95_window,
                         ),
                         "{{model}} {{prompt_size}}",
-                    )
+                    ),
+                    (class_threshold_lines(cfg, cfg.ttft_p95_window), "threshold {{prompt_size}}"),
                 ],
-                threshold_lines=bad_above(cfg.ttft_threshold_seconds),
-                exemplars=LATENCY_EXEMPLARS,
+                unstacked_refs=("B",),
+                exemplar_refs=("A",) if LATENCY_EXEMPLARS else (),
                 links=[
                     (
                         f"Runbook: {sc.ALERT_TTFT_P95_HIGH}",
@@ -178,8 +184,8 @@ def slos(cfg: SloConfig) -> DashboardModel:
                     )
                 ],
                 description="StagelensTTFTP95High opens a ticket when a class's p95 stays "
-                f"above its threshold ({classes_text(cfg)}) for {cfg.ttft_p95_for}; the dashed "
-                f"line is the default {cfg.ttft_threshold_seconds:g}s. The alert compares "
+                f"above its threshold ({classes_text(cfg)}) for {cfg.ttft_p95_for}; each class "
+                "with traffic has its threshold drawn dashed. The alert compares "
                 f"{ttft_p95_record(cfg.ttft_p95_window)} (histogram_quantile, same window): "
                 "each threshold is a bucket bound, so that figure and the one drawn here lie "
                 "on the same side of it. "

@@ -41,6 +41,12 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
     output = f'{sc.TOKENS}{{{MODEL}, {sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
     generated = as_model(f"rate({sc.VLLM_GENERATION_TOKENS}{{{VLLM_MODEL}}}[{RATE}])")
     drift = cfg.billing_drift_threshold
+    # The drift is recorded per cfg.billing_drift_by (the cluster): filtered by those alone.
+    drift_where = ", ".join(
+        f'{label}=~"${label}"'
+        for label in cfg.billing_drift_by
+        if label in ("cluster", "namespace")
+    )
     return (
         board.with_row(dashboard.Row("Billing reconciliation"))
         .with_panel(
@@ -61,7 +67,7 @@ def _billing_row(cfg: SloConfig, board: dashboard.Dashboard) -> dashboard.Dashbo
             timeseries_panel(
                 "Billing drift",
                 "percentunit",
-                [(f"{BILLING_DRIFT_RECORD}{{{WHERE}}}", "all models")],
+                [(f"{BILLING_DRIFT_RECORD}{{{drift_where}}}", "all models")],
                 threshold_lines=((None, "red"), (-drift, "green"), (drift, "red")),
                 description="(generated - billed) / generated output tokens over 1h, all models "
                 "together (one vLLM model may serve several public names). Above "

@@ -75,6 +75,9 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     ttft = first_token_at - state.started_at if first_token_at is not None and code < 400 else None
     first_answer_at = state.first_answer_at if ttft is not None else None
     ttfat = first_answer_at - state.started_at if first_answer_at is not None else None
+    # A non-streamed answer's first byte comes once its whole generation is done: recorded
+    # apart, so that no first-token figure (histogram, span, report) reads a generation.
+    streamed = state.streamed or tracker.sse
     gaps = (
         _outcome.inter_token_gaps(state.token_times, inference)
         if tracker.sse and inference is not None
@@ -84,7 +87,8 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
     duration = end - state.started_at
     settings = telemetry.settings
     usage = state.usage or state.upstream_usage
-    prompt_size, ttft_threshold = tracker.mw.prompt_sizes.of(
+    sizes = tracker.mw.prompt_sizes
+    prompt_size, ttft_threshold = sizes.of(
         usage.input_tokens if usage is not None and usage.input_tokens > 0 else None
     )
     server_failed = code >= 500 or failure is not None
@@ -100,7 +104,7 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
         stall_threshold=settings.itl_stall_threshold_seconds,
         client_left_bad_after=settings.client_left_bad_after_seconds,
         ttfat=ttfat,
-        answer_threshold=settings.answer_slo_threshold_seconds,
+        answer_threshold=sizes.answers[prompt_size],
     )
     exemplar: ExemplarRef | None = None
     decision: tuple[str, str] | None = None
@@ -143,11 +147,13 @@ def finish(tracker: _RequestTracker, error: BaseException | None) -> None:
                 exemplar=exemplar,
                 trace_decision=decision,
                 ttfat=ttfat,
+                streamed=streamed,
             )
         )
     except Exception as exc:
         telemetry.report_error("metrics", exc)
-    end_root(tracker, error, code, code_label, (ttft, ttfat), disconnected, failure, dropped)
+    firsts = (ttft, ttfat) if streamed else (None, None)
+    end_root(tracker, error, code, code_label, firsts, disconnected, failure, dropped)
 
 
 def end_root(

@@ -113,8 +113,8 @@ class Settings(BaseSettings):
     (10 s): thinking is the product of a reasoning model; set it to what your users wait.
     Always made a bucket boundary of ``stagelens_time_to_first_answer_token_seconds``."""
     itl_slo_threshold_seconds: float = Field(default=0.1, gt=0, examples=["0.05"])
-    """ITL symptom threshold: the p95 of ``stagelens_inter_token_latency_seconds`` above it
-    alerts and marks the panels. Must be a bucket boundary of that histogram
+    """ITL symptom threshold: the dashed line of the inter-token latency charts; no alert
+    reads it. Must be a bucket boundary of that histogram
     (``buckets.INTER_TOKEN_LATENCY_BUCKETS``), so that the histogram can be read against it.
     The ``itl`` SLI judges each request by its worst gap instead
     (``itl_stall_threshold_seconds``)."""
@@ -141,6 +141,15 @@ class Settings(BaseSettings):
     boundary of the TTFT histogram (``buckets.ttft_buckets``) so that the alerts can read
     the histogram against it. Left at its default, the classes the bounds no longer make
     are dropped; set, every key must be a class."""
+    answer_slo_thresholds_seconds: Annotated[dict[str, float], NoDecode] = Field(
+        default_factory=dict, examples=["32768=15,+Inf=20"]
+    )
+    """Answer SLO threshold per ``prompt_size`` class (named as in
+    ``ttft_slo_thresholds_seconds``). A class not named gets ``answer_slo_threshold_seconds``
+    plus what its TTFT threshold allows beyond ``ttft_slo_threshold_seconds`` (never less):
+    a long prompt's prefill delays its first answer token as much as its first token, and
+    the thinking that follows does not grow with the prompt. Each is made a bucket boundary
+    of ``stagelens_time_to_first_answer_token_seconds``."""
     client_left_bad_after_seconds: float = Field(default=10.0, gt=0, examples=["30"])
     """A request whose client left before receiving its whole answer is recorded with
     ``code="499"``. It is bad for the ``availability`` SLI when the gateway had spent longer
@@ -259,6 +268,14 @@ class Settings(BaseSettings):
             raise ValueError(f"budgets must be >= 0, got {bad}")
         return value
 
+    @field_validator("answer_slo_thresholds_seconds")
+    @classmethod
+    def _thresholds_positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = {k: v for k, v in value.items() if not v > 0}
+        if bad:
+            raise ValueError(f"thresholds must be > 0 seconds, got {bad}")
+        return value
+
     @model_validator(mode="after")
     def _tenant_list_fits_cap(self) -> Settings:
         if len(self.tenants) > self.max_tenants:
@@ -295,6 +312,14 @@ class Settings(BaseSettings):
                     "ttft_slo_thresholds_seconds",
                     "ttft_slo_threshold_seconds",
                 )
+        for name in self.answer_slo_thresholds_seconds:
+            if name not in classes:
+                raise CrossFieldError(
+                    f"answer_slo_thresholds_seconds names {name!r}, which is no prompt_size "
+                    f"class; the classes are {list(classes)}",
+                    "answer_slo_thresholds_seconds",
+                    "prompt_size_bounds",
+                )
         return self
 
 
@@ -323,13 +348,26 @@ def prompt_size_classes(settings: Settings) -> tuple[tuple[str, float], ...]:
     )
 
 
+def answer_classes(settings: Settings) -> tuple[tuple[str, float], ...]:
+    """(``prompt_size`` value, answer SLO threshold) of every class, in the order of
+    ``prompt_size_classes``: the one place the gateway, the answer histogram's buckets and the
+    generated rules and panels read them from."""
+    named = settings.answer_slo_thresholds_seconds
+    base = settings.answer_slo_threshold_seconds
+    ttft = settings.ttft_slo_threshold_seconds
+    return tuple(
+        (name, named.get(name, round(base + max(0.0, seconds - ttft), 9)))
+        for name, seconds in prompt_size_classes(settings)
+    )
+
+
 class PromptSizeClasses:
     """Classify a request by its input tokens, with the TTFT threshold of its class.
 
     Why an object built once: the request path asks once per request, and a bisect through
     the bounds plus a tuple lookup is all it then costs."""
 
-    __slots__ = ("_bounds", "_by_index", "unknown")
+    __slots__ = ("_bounds", "_by_index", "answers", "unknown")
 
     def __init__(self, settings: Settings) -> None:
         classes = prompt_size_classes(settings)
@@ -338,6 +376,8 @@ class PromptSizeClasses:
         """Index ``bisect_left(bounds, tokens)`` -> (class, threshold); the last is ``+Inf``."""
         self.unknown: tuple[str, float] = classes[-1]
         """The class of a request whose input tokens are not known."""
+        self.answers: dict[str, float] = dict(answer_classes(settings))
+        """Class -> its answer SLO threshold (``answer_classes``)."""
 
     def of(self, input_tokens: int | None) -> tuple[str, float]:
         """(class, TTFT threshold) of a request with ``input_tokens`` (None: not known)."""

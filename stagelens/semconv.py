@@ -37,7 +37,8 @@ ATTR_REJECTED_BY: Final = "stagelens.rejected_by"
 """On the root span: the stage that rejected the request (4xx/5xx answered by us)."""
 ATTR_TTFT: Final = "stagelens.time_to_first_token"
 """On the root span: seconds from gateway receipt to the first token sent to the client (as
-``stagelens_time_to_first_token_seconds``: the first body carrying generated output)."""
+``stagelens_time_to_first_token_seconds``: the first body carrying generated output; streamed
+answers only, as the histogram: a non-streamed answer's span lasts its whole answer)."""
 ATTR_COST_USD: Final = "stagelens.cost_usd"
 """On the billing span: the request's cost from the price table, in USD."""
 ATTR_VLLM_REQUEST_ID: Final = "stagelens.vllm.request_id"
@@ -202,10 +203,16 @@ TIME_TO_FIRST_TOKEN: Final = "stagelens_time_to_first_token_seconds"
 generated output (content text, a tool-call delta, reasoning text, a completion's text; never
 a role-only chunk, an SSE comment or keep-alive, an error or a usage-only event): the first
 body sent after the upstream's first output-bearing event arrived, however the app frames
-it. For a non-streamed answer, the whole response: the first body byte, sent once the whole
-answer arrived (its generation included; the ``ttft`` SLI counts streamed requests only).
-Only requests that made an inference call record it. ``prompt_size``: the request's
-prompt-size class (``LABEL_PROMPT_SIZE``), since prefill, and so TTFT, grows with the prompt."""
+it. Streamed answers only (the request asked for a stream, or the answer is an event
+stream), as the ``ttft`` SLI counts them: a non-streamed answer's first byte is sent once its
+whole generation is done, and goes to ``stagelens_non_streamed_response_seconds``. Only
+requests that made an inference call record it. ``prompt_size``: the request's prompt-size
+class (``LABEL_PROMPT_SIZE``), since prefill, and so TTFT, grows with the prompt."""
+NON_STREAMED_RESPONSE: Final = "stagelens_non_streamed_response_seconds"
+"""Histogram {model, prompt_size}: gateway receipt to the first body byte of a non-streamed
+answer (not an event stream), sent once the whole answer arrived: its whole generation,
+which ``stagelens_time_to_first_token_seconds`` would have read as a first token. Answers
+(status below 400) of requests that made an inference call."""
 INTER_TOKEN_LATENCY: Final = "stagelens_inter_token_latency_seconds"
 """Histogram {model}: gap between consecutive output-bearing SSE events of one choice, as
 sent to the client: one sample per event, however the network coalesced them (events read
@@ -279,9 +286,10 @@ SLI_ERRORS: Final = "stagelens_sli_errors_total"
 """Of ``stagelens_sli_requests_total``, the requests that were bad for that SLI (labels:
 model, sli, prompt_size)."""
 UPSTREAM_TTFT: Final = "stagelens_upstream_time_to_first_token_seconds"
-"""Histogram {model}: from the start of the inference stage (upstream request sent)
-to the first output-bearing event received from the upstream (streamed calls only). The
-inference stage's share of the time to first token; its stage budget applies to this."""
+"""Histogram {model, prompt_size}: from the start of the inference stage (upstream request
+sent) to the first output-bearing event received from the upstream (streamed calls only).
+The inference stage's share of the time to first token; its stage budget applies to this,
+per prompt-size class (``unknown`` for a call made outside an instrumented request)."""
 LABEL_PROMPT_SIZE: Final = "prompt_size"
 """Prompt-size class of a request on the TTFT histogram and the SLI counters: the smallest
 configured bound (input tokens) at or above its input tokens, ``+Inf`` above the last,
@@ -461,12 +469,13 @@ sum over ``input`` and ``output`` still counts every billed token once."""
 TIME_TO_FIRST_ANSWER_TOKEN: Final = "stagelens_time_to_first_answer_token_seconds"
 """Histogram {model}: gateway receipt to the first body sent to the client after the first
 answer-bearing event arrived from upstream (content, a tool call, a completion's text:
-anything but reasoning). Equal to ``stagelens_time_to_first_token_seconds`` for a model
-that does not reason; for one that does, the time the user waits past the thinking. Same
-buckets as the TTFT histogram, with the answer SLO threshold a boundary."""
+anything but reasoning); streamed answers only, as the TTFT histogram. Equal to
+``stagelens_time_to_first_token_seconds`` for a model that does not reason; for one that
+does, the time the user waits past the thinking. Same buckets as the TTFT histogram, with
+the answer SLO threshold a boundary."""
 ATTR_TTFAT: Final = "stagelens.time_to_first_answer_token"
 """On the root span: seconds from gateway receipt to the first answer token sent (as
-``stagelens_time_to_first_answer_token_seconds``)."""
+``stagelens_time_to_first_answer_token_seconds``; streamed answers only)."""
 SLI_ANSWER: Final = "answer"
 """``sli`` label value: the ``ttft`` requests (streamed completions not answered 4xx); bad
 when the time to first answer token exceeded ``answer_slo_threshold_seconds``, or no answer

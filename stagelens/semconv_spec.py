@@ -111,6 +111,13 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         (sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE),
         _GW,
     ),
+    MetricSpec(
+        sc.NON_STREAMED_RESPONSE,
+        "histogram",
+        "seconds",
+        (sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE),
+        _GW,
+    ),
     MetricSpec(sc.TIME_TO_FIRST_ANSWER_TOKEN, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(sc.INTER_TOKEN_LATENCY, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
     MetricSpec(
@@ -138,7 +145,9 @@ METRICS: Final[tuple[MetricSpec, ...]] = (
         (sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE),
         _GW,
     ),
-    MetricSpec(sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL,), _GW),
+    MetricSpec(
+        sc.UPSTREAM_TTFT, "histogram", "seconds", (sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE), _GW
+    ),
     MetricSpec(sc.HISTOGRAM_MIN, "gauge", "seconds", _EXTREMES_LABELS, _GW),
     MetricSpec(sc.HISTOGRAM_MAX, "gauge", "seconds", _EXTREMES_LABELS, _GW),
     MetricSpec(

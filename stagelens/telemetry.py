@@ -21,7 +21,7 @@ from stagelens import _compat
 from stagelens import semconv as sc
 from stagelens._failures import FailureReporter
 from stagelens._version import __version__
-from stagelens.config import Settings, load_settings
+from stagelens.config import Settings, answer_classes, load_settings
 from stagelens.errors import ConfigurationError
 from stagelens.metrics.fold import FOLD_EVERY, Fold
 from stagelens.metrics.instruments import Instruments
@@ -104,11 +104,13 @@ def recording_for(registry: CollectorRegistry, settings: Settings) -> Recording:
                 f"{found.instruments.ttft_threshold}s; use a separate registry for "
                 f"{settings.ttft_slo_threshold_seconds}s"
             )
-        elif found.instruments.answer_threshold != settings.answer_slo_threshold_seconds:
+        elif found.instruments.answer_thresholds != (
+            answers := tuple(seconds for _, seconds in answer_classes(settings))
+        ):
             raise ConfigurationError(
-                "this registry already has time-to-first-answer-token buckets for threshold "
-                f"{found.instruments.answer_threshold}s; use a separate registry for "
-                f"{settings.answer_slo_threshold_seconds}s"
+                "this registry already has time-to-first-answer-token buckets for thresholds "
+                f"{list(found.instruments.answer_thresholds)} s; use a separate registry for "
+                f"{list(answers)} s"
             )
         return found
 
@@ -145,7 +147,9 @@ class Telemetry:
                 else PriceTable.default()
             )
         self.prices = prices
-        self.tenants = TenantLimiter(self.settings.tenants, self.settings.max_tenants)
+        self.tenants = TenantLimiter(
+            self.settings.tenants, self.settings.max_tenants, self.settings.daily_budgets_usd
+        )
         self.models = ModelLabels(
             self.settings.models, self.settings.max_models, default=self.settings.default_model
         )

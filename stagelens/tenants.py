@@ -23,14 +23,20 @@ class TenantLimiter:
     """Maps tenant names to bounded label values.
 
     With ``configured`` names, exactly those keep their name. Without, the first
-    ``max_tenants`` distinct names seen are admitted (first come, first kept).
+    ``max_tenants`` distinct names seen are admitted (first come, first kept). The
+    ``budgeted`` names keep theirs either way (first come, they hold places among the
+    ``max_tenants`` from the start): a tenant with a spend budget folded into ``other`` could
+    spend any multiple of it unseen by the cost alerts, which compare each tenant's spend
+    with its own budget.
     """
 
     __slots__ = ("_admitted", "_configured", "_lock", "_max")
 
-    def __init__(self, configured: Iterable[str] = (), max_tenants: int = 20) -> None:
+    def __init__(
+        self, configured: Iterable[str] = (), max_tenants: int = 20, budgeted: Iterable[str] = ()
+    ) -> None:
         self._configured = frozenset(configured)
-        self._admitted: set[str] = set(self._configured)
+        self._admitted: set[str] = {*self._configured, *budgeted}
         self._max = max_tenants
         self._lock = threading.Lock()
 

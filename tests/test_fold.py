@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from stagelens import semconv
-from stagelens.config import Settings
+from stagelens.config import Settings, answer_classes
 from stagelens.metrics import buckets
 from stagelens.metrics.fold import FOLD_EVERY
 from stagelens.metrics.record import (
@@ -178,7 +178,7 @@ def test_lone_observations_reach_the_series_through_the_fold() -> None:
     assert value(f"{semconv.STAGE_DURATION}_count", stage="inference", model="m") == 2.0
     assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="prefill", model="m") == 2.0
     assert value(f"{semconv.ENGINE_PHASE_DURATION}_count", phase="decode", model="m") == 1.0
-    assert value(f"{semconv.UPSTREAM_TTFT}_count", model="m") == 1.0
+    assert value(f"{semconv.UPSTREAM_TTFT}_count", model="m", prompt_size="unknown") == 1.0
     assert value(semconv.UNMETERED_REQUESTS, model="m", billing=semconv.BILLING_UNBILLED) == 1.0
     assert value(semconv.REQUESTS, model="m", code="200") == 1.0  # the request alone
     assert value(semconv.TOKENS, model="m", tenant="acme", type="input") == 300
@@ -378,8 +378,11 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         semconv.REQUEST_DURATION, ["model", "code"], buckets.REQUEST_DURATION_BUCKETS
     )
     ttft = histogram(semconv.TIME_TO_FIRST_TOKEN, ["model", "prompt_size"], ttft_bounds)
+    whole = histogram(
+        semconv.NON_STREAMED_RESPONSE, ["model", "prompt_size"], buckets.REQUEST_DURATION_BUCKETS
+    )
     answer_bounds = buckets.answer_buckets(
-        settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+        settings.ttft_slo_threshold_seconds, *dict(answer_classes(settings)).values()
     )
     ttfat = histogram(semconv.TIME_TO_FIRST_ANSWER_TOKEN, ["model"], answer_bounds)
     itl = histogram(semconv.INTER_TOKEN_LATENCY, ["model"], buckets.INTER_TOKEN_LATENCY_BUCKETS)
@@ -387,7 +390,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
     phase = histogram(
         semconv.ENGINE_PHASE_DURATION, ["phase", "model"], buckets.ENGINE_PHASE_BUCKETS
     )
-    upstream = histogram(semconv.UPSTREAM_TTFT, ["model"], ttft_bounds)
+    upstream = histogram(semconv.UPSTREAM_TTFT, ["model", "prompt_size"], ttft_bounds)
     requests = counter(semconv.REQUESTS, ["model", "code"])
     rejections = counter(semconv.REJECTIONS, ["stage", "model", "code"])
     unmetered = counter(semconv.UNMETERED_REQUESTS, ["model", "billing"])
@@ -402,9 +405,9 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
             decisions.labels(*r.trace_decision).inc()
         duration.labels(r.model, r.code).observe(r.duration)
         requests.labels(r.model, r.code).inc()
-        if r.ttft is not None:
-            ttft.labels(r.model, r.prompt_size).observe(r.ttft)
-        if r.ttfat is not None:
+        if r.ttft is not None:  # a non-streamed answer's first byte is its whole answer
+            (ttft if r.streamed else whole).labels(r.model, r.prompt_size).observe(r.ttft)
+        if r.ttfat is not None and r.streamed:
             ttfat.labels(r.model).observe(r.ttfat)
         for gap in r.gaps:
             itl.labels(r.model).observe(gap)
@@ -413,7 +416,7 @@ def _reference(records: list[RequestRecord]) -> CollectorRegistry:
         for name, seconds in r.phases or ():
             phase.labels(name, r.model).observe(seconds)
         if r.upstream_ttft is not None:
-            upstream.labels(r.model).observe(r.upstream_ttft)
+            upstream.labels(r.model, r.prompt_size).observe(r.upstream_ttft)
         if r.rejected_by is not None:
             rejections.labels(r.rejected_by, r.model, r.code).inc()
         if r.unmetered is not None:

@@ -146,11 +146,14 @@ def ttft_buckets(threshold_seconds: float) -> tuple[float, ...]:
     return with_boundary(TTFT_BUCKETS, threshold_seconds)
 
 
-def answer_buckets(ttft_threshold: float, answer_threshold: float) -> tuple[float, ...]:
+def answer_buckets(ttft_threshold: float, *answer_thresholds: float) -> tuple[float, ...]:
     """Time-to-first-answer-token buckets: the TTFT buckets (so the two histograms read
-    side by side, and are equal for a model that does not reason) with the answer SLO
-    threshold a boundary too."""
-    return with_boundary(ttft_buckets(ttft_threshold), answer_threshold)
+    side by side, and are equal for a model that does not reason) with each answer SLO
+    threshold (one per prompt-size class) a boundary too."""
+    bounds = ttft_buckets(ttft_threshold)
+    for threshold in answer_thresholds:
+        bounds = with_boundary(bounds, threshold)
+    return bounds
 
 
 # The GenAI semantic conventions' explicit bucket advice (v1.41.0,

@@ -20,7 +20,7 @@ from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat, semconv_spec
 from stagelens import semconv as sc
-from stagelens.config import Settings
+from stagelens.config import Settings, answer_classes
 from stagelens.metrics.buckets import (
     ENGINE_PHASE_BUCKETS,
     INTER_TOKEN_LATENCY_BUCKETS,
@@ -48,7 +48,8 @@ class Instruments:
     def __init__(self, registry: CollectorRegistry, settings: Settings) -> None:
         self.registry = registry
         self.ttft_threshold = settings.ttft_slo_threshold_seconds
-        self.answer_threshold = settings.answer_slo_threshold_seconds
+        self.answer_thresholds = tuple(seconds for _, seconds in answer_classes(settings))
+        """Each prompt-size class's answer SLO threshold: a bucket boundary each."""
         r = registry
         self.stage_duration = ChildCache(
             Histogram(
@@ -77,6 +78,16 @@ class Instruments:
                 registry=r,
             )
         )
+        self.non_streamed = ChildCache(
+            Histogram(
+                sc.NON_STREAMED_RESPONSE,
+                "Gateway receipt to the first body byte of a non-streamed answer, sent once "
+                "the whole answer arrived.",
+                _labels(sc.NON_STREAMED_RESPONSE),
+                buckets=REQUEST_DURATION_BUCKETS,
+                registry=r,
+            )
+        )
         self.ttfat = ChildCache(
             Histogram(
                 sc.TIME_TO_FIRST_ANSWER_TOKEN,
@@ -84,7 +95,7 @@ class Instruments:
                 "reasoning) output arrived.",
                 _labels(sc.TIME_TO_FIRST_ANSWER_TOKEN),
                 buckets=answer_buckets(
-                    settings.ttft_slo_threshold_seconds, settings.answer_slo_threshold_seconds
+                    settings.ttft_slo_threshold_seconds, *self.answer_thresholds
                 ),
                 registry=r,
             )

@@ -21,6 +21,7 @@ from typing import Any, Final, TypeVar, cast
 from prometheus_client.metrics_core import Metric
 
 from stagelens import _compat
+from stagelens import semconv as sc
 from stagelens.metrics.fold import Fold
 from stagelens.metrics.instruments import Instruments
 from stagelens.metrics.record import LoneRecord, Record, RequestRecord
@@ -158,17 +159,17 @@ class PrometheusSink:
                 kept[request_duration] += [
                     (r.duration, r.exemplar) for r in mine if r.exemplar is not None
                 ]
+        # A first token is a streamed answer's; a non-streamed one's "first" body is its
+        # whole answer, kept apart so that no TTFT figure reads a generation.
         answered = [r for r in records if r.ttft is not None]
         for size, mine in _grouped(answered, _PROMPT_SIZE):
-            ttft = series.ttft(size)
-            observed[ttft] += [r.ttft for r in mine if r.ttft is not None]
-            if keep:
-                kept[ttft] += [
-                    (r.ttft, r.exemplar)
-                    for r in mine
-                    if r.exemplar is not None and r.ttft is not None
-                ]
-        ttfats = [r.ttfat for r in records if r.ttfat is not None]
+            whole = [r for r in mine if not r.streamed]
+            if whole:
+                mine = [r for r in mine if r.streamed]
+                self._observe(series.non_streamed(size), whole, observed, kept)
+            if mine:
+                self._observe(series.ttft(size), mine, observed, kept)
+        ttfats = [r.ttfat for r in records if r.ttfat is not None and r.streamed]
         if ttfats:
             observed[series.ttfat()] += ttfats
         gaps = list(chain.from_iterable([r.gaps for r in records]))
@@ -179,9 +180,11 @@ class PrometheusSink:
                 kept[itl] += [
                     (max(r.gaps), r.exemplar) for r in records if r.exemplar is not None and r.gaps
                 ]
-        upstream_ttfts = [r.upstream_ttft for r in records if r.upstream_ttft is not None]
-        if upstream_ttfts:
-            observed[series.upstream_ttft()] += upstream_ttfts
+        upstream = [r for r in records if r.upstream_ttft is not None]
+        for size, mine in _grouped(upstream, _PROMPT_SIZE):
+            observed[series.upstream_ttft(size)] += [
+                r.upstream_ttft for r in mine if r.upstream_ttft is not None
+            ]
         # What a record holds several of, or rarely: one pass, gathered by label value.
         stages: defaultdict[str, list[float]] = defaultdict(list)
         phases: defaultdict[str, list[float]] = defaultdict(list)
@@ -227,6 +230,23 @@ class PrometheusSink:
             if engine:
                 added[billing.engine] += sum(engine)
 
+    def _observe(
+        self,
+        histogram: FastHistogram,
+        records: Sequence[RequestRecord],
+        observed: _Observed,
+        kept: _Exemplars,
+    ) -> None:
+        """Each record's ``ttft`` into ``histogram``, and its sampled ones as exemplar
+        candidates."""
+        observed[histogram] += [r.ttft for r in records if r.ttft is not None]
+        if self._keep_exemplars:
+            kept[histogram] += [
+                (r.ttft, r.exemplar)
+                for r in records
+                if r.exemplar is not None and r.ttft is not None
+            ]
+
     def _collect_lone(
         self, records: Sequence[LoneRecord], observed: _Observed, added: _Added
     ) -> None:
@@ -238,8 +258,9 @@ class PrometheusSink:
                 observed[series.stage(name)].append(seconds)
             for name, seconds in record.phases or ():
                 observed[series.phase(name)].append(seconds)
-            if record.upstream_ttft is not None:
-                observed[series.upstream_ttft()].append(record.upstream_ttft)
+            if record.upstream_ttft is not None:  # no request, so no prompt-size class
+                unknown = series.upstream_ttft(sc.PROMPT_SIZE_UNKNOWN)
+                observed[unknown].append(record.upstream_ttft)
             if record.unmetered is not None:
                 added[series.unmetered(record.unmetered)] += 1
 

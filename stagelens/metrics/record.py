@@ -114,6 +114,10 @@ class RequestRecord(NamedTuple):
     trace_decision: tuple[str, str] | None = None
     """(decision, reason) of the tail sampler for the request's trace; None under any
     other sampler (``stagelens_trace_decisions_total``)."""
+    streamed: bool = True
+    """The answer was streamed (asked for, or an event stream): its ``ttft`` and ``ttfat``
+    are first tokens. False: ``ttft`` is a whole answer's time, recorded apart
+    (``stagelens_non_streamed_response_seconds``)."""
 
 
 class LoneRecord(NamedTuple):

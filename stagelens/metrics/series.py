@@ -234,6 +234,7 @@ class ModelSeries:
     __slots__ = (
         "_instruments",
         "_itl",
+        "_non_streamed",
         "_outcomes",
         "_phases",
         "_rejections",
@@ -252,13 +253,14 @@ class ModelSeries:
         # Series are bound when first recorded, never before: a model that only ever got
         # errors exposes no TTFT series.
         self._ttft: dict[str, FastHistogram] = {}
+        self._non_streamed: dict[str, FastHistogram] = {}
         self._ttfat: FastHistogram | None = None
         self._itl: FastHistogram | None = None
         self._stages: dict[str, FastHistogram] = {}
         self._phases: dict[str, FastHistogram] = {}
         self._outcomes: dict[str, tuple[FastHistogram, FastCounter]] = {}
         self._rejections: dict[tuple[str, str], FastCounter] = {}
-        self._upstream_ttft: FastHistogram | None = None
+        self._upstream_ttft: dict[str, FastHistogram] = {}
         self._slis: dict[tuple[str, str], tuple[FastCounter, FastCounter]] = {}
         self._unmetered: dict[str, FastCounter] = {}
 
@@ -268,6 +270,14 @@ class ModelSeries:
         if found is None:
             found = FastHistogram(self._instruments.ttft.get(self.model, prompt_size))
             self._ttft[prompt_size] = found
+        return found
+
+    def non_streamed(self, prompt_size: str) -> FastHistogram:
+        """``stagelens_non_streamed_response_seconds{model, prompt_size}``."""
+        found = self._non_streamed.get(prompt_size)
+        if found is None:
+            child = self._instruments.non_streamed.get(self.model, prompt_size)
+            found = self._non_streamed[prompt_size] = FastHistogram(child)
         return found
 
     def ttfat(self) -> FastHistogram:
@@ -322,12 +332,12 @@ class ModelSeries:
             self._rejections[key] = found
         return found
 
-    def upstream_ttft(self) -> FastHistogram:
-        """``stagelens_upstream_time_to_first_token_seconds{model}``."""
-        found = self._upstream_ttft
+    def upstream_ttft(self, prompt_size: str) -> FastHistogram:
+        """``stagelens_upstream_time_to_first_token_seconds{model, prompt_size}``."""
+        found = self._upstream_ttft.get(prompt_size)
         if found is None:
-            child = self._instruments.upstream_ttft.get(self.model)
-            found = self._upstream_ttft = FastHistogram(child)
+            child = self._instruments.upstream_ttft.get(self.model, prompt_size)
+            found = self._upstream_ttft[prompt_size] = FastHistogram(child)
         return found
 
     def histograms(self) -> Iterator[tuple[str, dict[str, str], FastHistogram]]:
@@ -335,10 +345,12 @@ class ModelSeries:
         model = {sc.LABEL_MODEL: self.model}
         for size, found in list(self._ttft.items()):
             yield sc.TIME_TO_FIRST_TOKEN, {**model, sc.LABEL_PROMPT_SIZE: size}, found
+        for size, found in list(self._non_streamed.items()):
+            yield sc.NON_STREAMED_RESPONSE, {**model, sc.LABEL_PROMPT_SIZE: size}, found
         if self._itl is not None:
             yield sc.INTER_TOKEN_LATENCY, model, self._itl
-        if self._upstream_ttft is not None:
-            yield sc.UPSTREAM_TTFT, model, self._upstream_ttft
+        for size, found in list(self._upstream_ttft.items()):
+            yield sc.UPSTREAM_TTFT, {**model, sc.LABEL_PROMPT_SIZE: size}, found
         for stage, found in list(self._stages.items()):
             yield sc.STAGE_DURATION, {sc.LABEL_STAGE: stage, **model}, found
         for phase, found in list(self._phases.items()):

@@ -16,7 +16,6 @@ draw the same line.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -24,20 +23,51 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stagelens import semconv as sc
-from stagelens.config import Settings, load_settings
 from stagelens.errors import ConfigurationError
 from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
+from stagelens.slo.burn_windows import (
+    DEFAULT_BURN_WINDOWS,
+    GOODPUT_BURN_WINDOWS,
+    SEVERITIES,
+    BurnWindow,
+    check_duration,
+    duration_seconds,
+)
+from stagelens.slo.deploy_config import DeployConfig
+from stagelens.slo.gateway_slis import (
+    DEFAULT_ITL_THRESHOLD_SECONDS,
+    DEFAULT_PROMPT_SIZE_BOUNDS,
+    DEFAULT_TTFT_CLASS_THRESHOLDS,
+    PROMPT_SIZE_ABOVE,
+    PROMPT_SIZE_UNKNOWN,
+    gateway_answer_classes,
+    gateway_answer_threshold,
+    gateway_prompt_size_classes,
+    gateway_thresholds,
+)
 from stagelens.stages import DEFAULT_STAGE_BUDGETS_SECONDS
 
-_DURATION_RE: Final = re.compile(r"^[1-9][0-9]*(ms|s|m|h|d|w)$")
-_UNIT_SECONDS: Final[dict[str, float]] = {
-    "ms": 0.001,
-    "s": 1,
-    "m": 60,
-    "h": 3600,
-    "d": 86400,
-    "w": 604800,
-}
+__all__ = [
+    "DEFAULT_BURN_WINDOWS",
+    "DEFAULT_ITL_THRESHOLD_SECONDS",
+    "DEFAULT_OBJECTIVES",
+    "DEFAULT_PROMPT_SIZE_BOUNDS",
+    "DEFAULT_TTFT_CLASS_THRESHOLDS",
+    "GOODPUT_BURN_WINDOWS",
+    "PROMPT_SIZE_ABOVE",
+    "PROMPT_SIZE_UNKNOWN",
+    "SEVERITIES",
+    "SLIS",
+    "BurnWindow",
+    "DeployConfig",
+    "SloConfig",
+    "duration_seconds",
+    "gateway_answer_threshold",
+    "gateway_prompt_size_classes",
+    "gateway_thresholds",
+    "load_slo_config",
+    "slo_config_from_mapping",
+]
 
 SLIS: Final[tuple[str, ...]] = (
     sc.SLI_AVAILABILITY,
@@ -48,123 +78,6 @@ SLIS: Final[tuple[str, ...]] = (
 )
 """The SLIs the gateway records, in the order the rules and dashboards list them."""
 
-DEFAULT_ITL_THRESHOLD_SECONDS: Final = 0.1
-"""The gateway's default ``itl_slo_threshold_seconds`` (used while the setting is absent)."""
-
-SEVERITIES: Final[tuple[str, ...]] = ("page", "ticket")
-"""``severity`` label values: page wakes a person, ticket waits for working hours."""
-
-
-def duration_seconds(duration: str) -> float:
-    """Seconds in a Prometheus duration with a single unit (``5m``, ``30d``)."""
-    match = _DURATION_RE.match(duration)
-    if match is None:
-        raise ConfigurationError(f"not a Prometheus duration: {duration!r}")
-    unit = match.group(1)
-    return int(duration[: -len(unit)]) * _UNIT_SECONDS[unit]
-
-
-def _check_duration(value: str) -> str:
-    duration_seconds(value)
-    return value
-
-
-def gateway_thresholds(settings: Settings | None = None) -> tuple[float, float]:
-    """(TTFT, ITL) thresholds in seconds the gateway judges requests by: ``settings``, or
-    the ``STAGELENS_*`` environment the gateway reads."""
-    settings = settings if settings is not None else load_settings()
-    itl = getattr(settings, "itl_slo_threshold_seconds", DEFAULT_ITL_THRESHOLD_SECONDS)
-    return float(settings.ttft_slo_threshold_seconds), float(itl)
-
-
-def gateway_answer_threshold(settings: Settings | None = None) -> float:
-    """The time-to-first-answer-token threshold (seconds) the gateway judges the
-    ``answer`` SLI by: ``settings``, or the ``STAGELENS_*`` environment."""
-    settings = settings if settings is not None else load_settings()
-    return float(settings.answer_slo_threshold_seconds)
-
-
-DEFAULT_PROMPT_SIZE_BOUNDS: Final[tuple[int, ...]] = (1024, 8192, 32768)
-"""The gateway's default ``prompt_size_bounds`` (input tokens), used while the setting is absent."""
-DEFAULT_TTFT_CLASS_THRESHOLDS: Final[dict[str, float]] = {"8192": 1.0, "32768": 2.5, "+Inf": 5.0}
-"""The gateway's default ``ttft_slo_thresholds_seconds``, used while the setting is absent."""
-PROMPT_SIZE_ABOVE: Final = "+Inf"
-"""``prompt_size`` of a prompt longer than the last bound."""
-PROMPT_SIZE_UNKNOWN: Final = "unknown"
-"""``prompt_size`` of a request whose input tokens are not known."""
-
-
-def gateway_prompt_size_classes(settings: Settings | None = None) -> tuple[tuple[str, float], ...]:
-    """(``prompt_size`` value, TTFT threshold) the gateway judges each class by, in bound
-    order, ``+Inf`` and ``unknown`` last.
-
-    Why here too: ``stagelens.config.prompt_size_classes`` is the one place both the gateway
-    and the rules read the classes from; while a gateway release without it is installed,
-    the same rule is applied to the settings' defaults (a class without a threshold of its
-    own uses ``ttft_slo_threshold_seconds``)."""
-    from stagelens import config
-
-    settings = settings if settings is not None else load_settings()
-    helper = getattr(config, "prompt_size_classes", None)
-    if helper is not None:
-        return tuple((str(c), float(t)) for c, t in helper(settings))
-    default = float(settings.ttft_slo_threshold_seconds)
-    bounds = getattr(settings, "prompt_size_bounds", DEFAULT_PROMPT_SIZE_BOUNDS)
-    by_class = getattr(settings, "ttft_slo_thresholds_seconds", DEFAULT_TTFT_CLASS_THRESHOLDS)
-    names = (*(str(b) for b in bounds), PROMPT_SIZE_ABOVE, PROMPT_SIZE_UNKNOWN)
-    return tuple((name, float(by_class.get(name, default))) for name in names)
-
-
-class BurnWindow(BaseModel):
-    """One multi-window multi-burn-rate pair (Google SRE workbook, chapter 5, as in Sloth)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    long: str
-    short: str
-    factor: float = Field(gt=0)
-    severity: str
-    for_: str = Field(default="0s", alias="for")
-
-    @field_validator("long", "short")
-    @classmethod
-    def _valid_window(cls, value: str) -> str:
-        return _check_duration(value)
-
-    @field_validator("for_")
-    @classmethod
-    def _valid_for(cls, value: str) -> str:
-        return value if value == "0s" else _check_duration(value)
-
-    @field_validator("severity")
-    @classmethod
-    def _valid_severity(cls, value: str) -> str:
-        if value not in SEVERITIES:
-            raise ValueError(f"severity must be one of {SEVERITIES}, got {value!r}")
-        return value
-
-
-DEFAULT_BURN_WINDOWS: Final[tuple[BurnWindow, ...]] = (
-    BurnWindow(long="1h", short="5m", factor=14.4, severity="page", **{"for": "2m"}),
-    BurnWindow(long="6h", short="30m", factor=6, severity="page", **{"for": "15m"}),
-    BurnWindow(long="1d", short="2h", factor=3, severity="ticket", **{"for": "1h"}),
-    BurnWindow(long="3d", short="6h", factor=1, severity="ticket", **{"for": "3h"}),
-)
-"""The contract's four burn-rate pairs. The pairs of one severity make one alert (as Sloth
-does); its ``for`` is the shortest of theirs."""
-
-GOODPUT_BURN_WINDOWS: Final[tuple[BurnWindow, ...]] = (
-    BurnWindow(long="1h", short="5m", factor=7.2, severity="page", **{"for": "2m"}),
-    BurnWindow(long="6h", short="30m", factor=3, severity="page", **{"for": "15m"}),
-    BurnWindow(long="1d", short="2h", factor=1.5, severity="ticket", **{"for": "1h"}),
-    BurnWindow(long="3d", short="6h", factor=1, severity="ticket", **{"for": "3h"}),
-)
-"""Goodput's pairs: the contract's windows at factors that page on the same shares of bad
-requests as TTFT and ITL (72 % over 1h, 30 % over 6h; tickets 15 % and 10 %). Goodput's
-budget is 10 % (a request is bad when it misses either objective, so its objective sits
-below theirs), and 14.4 x 10 % = 144 % bad can never happen: the contract's factors would
-leave goodput without a fast page."""
-
 DEFAULT_OBJECTIVES: Final[dict[str, float]] = {
     sc.SLI_AVAILABILITY: 0.995,
     sc.SLI_TTFT: 0.95,
@@ -173,26 +86,6 @@ DEFAULT_OBJECTIVES: Final[dict[str, float]] = {
     sc.SLI_ANSWER: 0.95,
 }
 """Share of requests that must be good over the period, per SLI (TTFT: the contract's 95 %)."""
-
-
-class DeployConfig(BaseModel):
-    """What the generated Kubernetes manifests need to know about the cluster."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    monitoring_namespace: str = "monitoring"
-    """Namespace of the PrometheusRule and the dashboard ConfigMaps."""
-    namespace: str = "stagelens"
-    """Namespace the gateway and vLLM run in; the monitors select only it."""
-    release_label: str = "kube-prometheus-stack"
-    """``release`` label kube-prometheus-stack selects rules and monitors by."""
-    gateway_image: str = "ghcr.io/stagelens/stagelens:0.1.0"
-    gateway_replicas: int = Field(default=2, ge=1)
-    vllm_image: str = "vllm/vllm-openai:v0.11.0"
-    vllm_model: str = "meta-llama/Llama-3.1-8B-Instruct"
-    served_model_name: str = "llama-3.1-8b"
-    vllm_replicas: int = Field(default=2, ge=1)
-    gpus_per_vllm: int = Field(default=1, ge=1)
 
 
 class GpuPrice(BaseModel):
@@ -224,8 +117,10 @@ class SloConfig(BaseModel):
     """A streamed request meets the TTFT SLO when its TTFT is <= this. Always the gateway's
     ``STAGELENS_TTFT_SLO_THRESHOLD_SECONDS``; must be a TTFT bucket boundary."""
     itl_threshold_seconds: float = Field(default_factory=lambda: gateway_thresholds()[1])
-    """A streamed request meets the ITL SLO when its mean inter-token latency is <= this.
-    Always the gateway's ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``; an ITL bucket boundary."""
+    """The dashed line of the inter-token latency charts (an ITL bucket boundary); no alert
+    reads it: the ``itl`` SLI judges each stream by its worst gap (the gateway's
+    ``itl_stall_threshold_seconds``). Always the gateway's
+    ``STAGELENS_ITL_SLO_THRESHOLD_SECONDS``."""
     answer_threshold_seconds: float = Field(default_factory=gateway_answer_threshold)
     """A streamed request meets the ``answer`` SLO when its first answer token (not
     reasoning) came within this. Always the gateway's
@@ -295,19 +190,25 @@ class SloConfig(BaseModel):
     """Requests waiting in one engine's queue above which it counts as saturated."""
     engine_kv_usage_threshold: float = Field(default=0.9, gt=0, le=1)
     engine_saturation_for: str = "10m"
-    backend_job_regex: str = ".*vllm.*"
-    """Prometheus ``job`` of the vLLM backends (ServiceMonitor: the Service's name)."""
-    gpu_exporter_job_regex: str = ".*gpu.*"
-    """Prometheus ``job`` of stagelens' GPU exporter (``stagelens-gpu-exporter``)."""
-    dcgm_job_regex: str = ".*dcgm.*"
-    """Prometheus ``job`` of NVIDIA's DCGM exporter."""
+    backend_job_regex: str = "vllm"
+    """Prometheus ``job`` of the vLLM backends: the name ``deploy/`` gives them (the
+    PodMonitor's ``app.kubernetes.io/name``). A regex, anchored as Prometheus anchors every
+    matcher: ``vllm|vllm-large`` adds a second job; never a pattern such as ``.*vllm.*``
+    that also matches jobs of other stacks."""
+    gpu_exporter_job_regex: str = "stagelens-gpu-exporter"
+    """Prometheus ``job`` of stagelens' GPU exporter (``stagelens gpu-exporter``); a regex."""
+    dcgm_job_regex: str = "nvidia-dcgm-exporter|dcgm-exporter"
+    """Prometheus ``job`` of NVIDIA's DCGM exporter (the GPU operator's Service, or the
+    dcgm-exporter chart's); a regex."""
     backend_down_for: str = "5m"
     target_down_for: str = "5m"
     """StagelensTargetDown: one gateway, GPU-exporter or DCGM target failing its scrapes."""
-    target_vanished_window: str = "1h"
-    """StagelensTargetVanished: a target scraped within this window that has no ``up``
-    series now (removed from service discovery, its pod gone) opens a ticket."""
-    target_vanished_for: str = "5m"
+    target_vanished_window: str = "2h"
+    """StagelensTargetVanished: a job with fewer targets scraped than its median over this
+    window (removed from service discovery, a pod gone and not replaced) opens a ticket. A
+    count, not addresses: a rollout's new pods replace the old ones. It resolves once the
+    lower count has lasted half the window, or when the targets come back."""
+    target_vanished_for: str = "15m"
     traffic_window: str = "15m"
     """StagelensTrafficStopped: a model that served no request over this window..."""
     traffic_baseline_window: str = "1h"
@@ -321,10 +222,18 @@ class SloConfig(BaseModel):
     """StagelensGPUSaturated keeps firing this long for a GPU whose last reading was
     saturated and whose gauge then vanished (exporter or DCGM target gone)."""
     grafana_url: str = "http://localhost:3000"
-    """Grafana's base URL: every alert's ``dashboard_url`` is ``<this>/d/<uid>``."""
+    """Grafana's base URL: every alert's ``dashboard_url`` is ``<this>/d/<uid>``, with the
+    dashboard's ``cluster``, ``namespace`` and ``model`` variables (and ``tenant``, ``gpu``
+    where it has them) set to the alert's labels."""
     no_backend_for: str = "2m"
-    gateway_job_regex: str = ".*gateway.*"
-    """Prometheus ``job`` of the instrumented gateway."""
+    gateway_job_regex: str = "stagelens-gateway"
+    """Prometheus ``job`` of the instrumented gateway: the name ``deploy/`` gives it (the
+    ServiceMonitor's ``app.kubernetes.io/name``); a regex, as ``backend_job_regex``. Never
+    ``.*gateway.*``: it matches ``prometheus-pushgateway`` too."""
+    absence_lookback: str = "1d"
+    """StagelensGatewayAbsent and StagelensNoBackendUp judge each (cluster, namespace, job)
+    scraped within this long: one that has had no target up since pages, until it has been
+    gone this long (a namespace retired on purpose: silence it, or it resolves then)."""
     gateway_absent_for: str = "2m"
     self_monitoring_for: str = "15m"
     """Spans dropped, telemetry errors: how long they must go on before a ticket."""
@@ -348,6 +257,15 @@ class SloConfig(BaseModel):
     """What the daily spend caps (StagelensCostBudgetBurn) are compared with: the price
     table's cost (``stagelens_cost_usd_total``) or the GPU cost of the tenants' engine time."""
     runbook_base_url: str = "https://github.com/stagelens/stagelens/blob/main/alerts/runbook.md"
+    """Where alerts/runbook.md is read: every alert's ``runbook_url`` is ``<this>#<alert>``.
+    The default is the ``Runbook`` URL pyproject.toml declares (the project's repository);
+    set it to where your copy is served (your fork, your wiki) when you change the SLO
+    config, since the runbook is rendered from it."""
+    billing_drift_by: tuple[str, ...] = ("cluster",)
+    """Labels the billed and the generated output tokens are summed and compared by
+    (StagelensBillingDrift). Not ``namespace`` by default: vLLM often runs in a namespace
+    of its own, where no gateway bills, and the two sides would never meet. Add it where
+    environments share a cluster and each runs its gateway and vLLM in one namespace."""
     deploy: DeployConfig = Field(default_factory=DeployConfig)
 
     @field_validator(
@@ -373,13 +291,14 @@ class SloConfig(BaseModel):
         "gpu_vanished_hold",
         "no_backend_for",
         "gateway_absent_for",
+        "absence_lookback",
         "self_monitoring_for",
         "gpu_collector_down_for",
         "billing_drift_for",
     )
     @classmethod
     def _durations(cls, value: str) -> str:
-        return _check_duration(value)
+        return check_duration(value)
 
     @field_validator("ttft_threshold_seconds", "answer_threshold_seconds")
     @classmethod
@@ -544,6 +463,11 @@ class SloConfig(BaseModel):
     def ttft_classes(self) -> tuple[tuple[str, float], ...]:
         """(``prompt_size``, TTFT threshold), in the gateway's class order."""
         return tuple(self.ttft_thresholds_by_prompt_size.items())
+
+    def answer_classes(self) -> tuple[tuple[str, float], ...]:
+        """(``prompt_size``, answer SLO threshold), in the gateway's class order: the
+        gateway's (``STAGELENS_ANSWER_SLO_THRESHOLDS_SECONDS``), which judges each request."""
+        return gateway_answer_classes()
 
 
 def slo_config_from_mapping(data: dict[str, Any]) -> SloConfig:

@@ -28,12 +28,14 @@ GROUP_SLI_PERIOD: Final = "stagelens-sli-period.rules"
 GROUP_LATENCY: Final = "stagelens-latency.rules"
 GROUP_COST: Final = "stagelens-cost.rules"
 GROUP_ENGINE: Final = "stagelens-engine.rules"
+GROUP_TARGETS: Final = "stagelens-targets.rules"
 RULE_GROUPS: Final[tuple[str, ...]] = (
     GROUP_SLI,
     GROUP_SLI_PERIOD,
     GROUP_LATENCY,
     GROUP_COST,
     GROUP_ENGINE,
+    GROUP_TARGETS,
 )
 """Recording-rule groups, in the order they depend on each other."""
 
@@ -57,16 +59,41 @@ def ttft_p95_record(window: str) -> str:
     return f"stagelens:ttft_seconds:p95_rate{window}"
 
 
+CLASSED_SLIS: Final[tuple[str, ...]] = (sc.SLI_TTFT, sc.SLI_ANSWER)
+"""The SLIs judged per prompt-size class: their thresholds grow with the prompt (prefill),
+and each class burns a budget of its own."""
+
+
+def class_requests_record(sli: str, window: str) -> str:
+    """Requests per second a classed SLI counted, per (model, prompt_size)."""
+    return f"stagelens:{sli}_sli_requests:rate{window}"
+
+
+def class_error_ratio_record(sli: str, window: str) -> str:
+    """Share of a classed SLI's requests that were bad, per (model, prompt_size): each prompt
+    size class burns a budget of its own, so a tenant sending 100k-token prompts cannot spend
+    the budget of everyone's short prompts."""
+    return f"stagelens:{sli}_sli_errors:ratio_rate{window}"
+
+
+def class_period_requests_record(sli: str, period: str) -> str:
+    """Requests a classed SLI counted over the SLO period, per (model, prompt_size)."""
+    return f"stagelens:{sli}_sli_requests:increase{period}"
+
+
+def class_budget_remaining_record(sli: str) -> str:
+    """Error budget left over the period, per (model, prompt_size), of a classed SLI."""
+    return f"stagelens:{sli}_error_budget_remaining:ratio"
+
+
 def ttft_class_requests_record(window: str) -> str:
     """Requests per second the TTFT SLI counted, per (model, prompt_size)."""
-    return f"stagelens:ttft_sli_requests:rate{window}"
+    return class_requests_record(sc.SLI_TTFT, window)
 
 
 def ttft_class_error_ratio_record(window: str) -> str:
-    """Share of the TTFT SLI's requests that were bad, per (model, prompt_size): each prompt
-    size class burns a budget of its own, so a tenant sending 100k-token prompts cannot spend
-    the budget of everyone's short prompts."""
-    return f"stagelens:ttft_sli_errors:ratio_rate{window}"
+    """Share of the TTFT SLI's requests that were bad, per (model, prompt_size)."""
+    return class_error_ratio_record(sc.SLI_TTFT, window)
 
 
 TTFT_THRESHOLD_RECORD: Final = "stagelens:ttft_slo_threshold_seconds:configured"
@@ -97,6 +124,12 @@ def cost_projected_record(window: str) -> str:
     return f"stagelens:cost_budget_projected:ratio_rate{window}"
 
 
+def cost_pace_record(window: str) -> str:
+    """Spend per second over ``window`` as a share of the daily cap's per-second pace: 1.0
+    spends exactly the cap in a day (the contract's burn rate of the cost budget)."""
+    return f"stagelens:cost_budget_pace:ratio_rate{window}"
+
+
 CONTRACT_TTFT_RECORD: Final = "stagelens:ttft_slo_errors:ratio_rate5m"
 """The contract's example record name, kept: the TTFT SLI's 5m error ratio."""
 OBJECTIVE_RECORD: Final = "stagelens:slo_objective:ratio"
@@ -110,6 +143,16 @@ def stage_latency_record(window: str) -> str:
     return f"stagelens:stage_latency_seconds:p95_rate{window}"
 
 
+def inference_latency_record(window: str) -> str:
+    """p95 of the inference stage's time to the first upstream token per (model,
+    prompt_size): what its budget applies to, per class, since prefill grows with the
+    prompt."""
+    return f"stagelens:inference_first_token_seconds:p95_rate{window}"
+
+
+INFERENCE_BUDGET_RECORD: Final = "stagelens:inference_budget_seconds:max"
+"""The inference stage's budget per (model, prompt_size): the larger of its stage budget
+and the class's TTFT threshold (a class the TTFT SLO gives 2.5 s is not held to 0.8 s)."""
 STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:max"
 CONFIGURED_STAGE_BUDGET_RECORD: Final = "stagelens:stage_budget_seconds:configured"
 DAILY_BUDGET_RECORD: Final = "stagelens:budget_usd:daily"
@@ -119,6 +162,12 @@ GPU_COST_DAY_RECORD: Final = "stagelens:gpu_cost_usd:increase1d"
 COST_SPENT_RECORD: Final = "stagelens:cost_budget_spent:ratio_increase1d"
 KV_WINDOWS: Final[tuple[str, ...]] = ("30m", "6h")
 GPU_SM_ACTIVE_RECORD: Final = "stagelens:gpu_sm_active:ratio_max"
+GPU_HOST_RECORD: Final = "stagelens:gpu_host:info"
+"""1 per (GPU, ``host``): where each GPU's SM activity is read, stagelens' exporter's
+``instance`` or DCGM's ``Hostname``, so that an alert on a GPU names its machine."""
+HOST: Final = "host"
+DCGM_HOSTNAME: Final = "Hostname"
+"""DCGM exporter's label naming the node a GPU is in."""
 ENGINE_WAITING_RECORD: Final = "stagelens:engine_requests_waiting:max"
 ENGINE_KV_USAGE_RECORD: Final = "stagelens:kv_cache_usage:ratio_max"
 ENGINE_PREEMPTIONS_RECORD: Final = "stagelens:engine_preemptions:rate5m"
@@ -130,6 +179,11 @@ BILLING_DRIFT_RECORD: Final = f"stagelens:billing_drift:ratio_rate{BILLING_WINDO
 the engines generated that nobody was billed for (calls that bypassed the gateway, tokens
 generated after a client left and before the abort took effect: vLLM's counter includes
 aborted requests); < 0 billed tokens the engines never counted (estimated cut streams)."""
+
+
+TARGETS_RECORD: Final = "stagelens:up_targets:count"
+"""Targets scraped per (cluster, namespace, job) of the jobs stagelens watches: the count a
+rollout keeps (new pods, new addresses, as many of them), where ``instance`` does not."""
 
 
 def kv_queries_record(window: str) -> str:
@@ -145,6 +199,11 @@ def kv_hits_record(window: str) -> str:
 def kv_hit_ratio_record(window: str) -> str:
     """Engine prefix-cache hit rate per model."""
     return f"stagelens:kv_cache_hit:ratio_rate{window}"
+
+
+OPERAND: Final = "stagelens_operand"
+"""A label a rule gives each operand of an element-wise maximum for the length of its
+expression, so that ``or`` keeps them apart; never in a result."""
 
 
 def by(cfg: SloConfig, *labels: str) -> str:
@@ -180,17 +239,18 @@ def _sli_records(cfg: SloConfig) -> list[Rule]:
         rules += _sli_rate_pair(
             grouping, "", window, sli_requests_record(window), sli_error_ratio_record(window)
         )
-    # TTFT per prompt-size class: the same pair, kept apart by the class label.
+    # The classed SLIs per prompt-size class: the same pair, kept apart by the class label.
     class_grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE)
-    ttft = f'{{{sc.LABEL_SLI}="{sc.SLI_TTFT}"}}'
-    for window in cfg.burn_windows_used():
-        rules += _sli_rate_pair(
-            class_grouping,
-            ttft,
-            window,
-            ttft_class_requests_record(window),
-            ttft_class_error_ratio_record(window),
-        )
+    for sli in CLASSED_SLIS:
+        selector = f'{{{sc.LABEL_SLI}="{sli}"}}'
+        for window in cfg.burn_windows_used():
+            rules += _sli_rate_pair(
+                class_grouping,
+                selector,
+                window,
+                class_requests_record(sli, window),
+                class_error_ratio_record(sli, window),
+            )
     if "5m" in cfg.burn_windows_used():
         rules.append(
             {
@@ -231,6 +291,28 @@ def _period_records(cfg: SloConfig) -> list[Rule]:
             ),
         },
     ]
+    # The classed SLIs per prompt-size class, as their burns and the SLO dashboard read them.
+    class_grouping = by(cfg, sc.LABEL_MODEL, sc.LABEL_SLI, sc.LABEL_PROMPT_SIZE)
+    for sli in CLASSED_SLIS:
+        selector = f'{{{sc.LABEL_SLI}="{sli}"}}'
+        counted = class_period_requests_record(sli, period)
+        bad = f"sum by ({class_grouping}) (increase({sc.SLI_ERRORS}{selector}[{period}]))"
+        ratio = class_error_ratio_record(sli, period)
+        rules += [
+            {
+                "record": counted,
+                "expr": (
+                    f"sum by ({class_grouping}) (increase({sc.SLI_REQUESTS}{selector}[{period}]))"
+                ),
+            },
+            {"record": ratio, "expr": f"({bad} or 0 * {counted}) / ({counted} > 0)"},
+            {
+                "record": class_budget_remaining_record(sli),
+                "expr": (
+                    f"1 - {ratio}\n/ on ({sc.LABEL_SLI}) group_left ()\n(1 - {OBJECTIVE_RECORD})"
+                ),
+            },
+        ]
     return rules
 
 
@@ -294,7 +376,40 @@ def _latency_records(cfg: SloConfig) -> list[Rule]:
             ),
         }
     )
-    return rules
+    return rules + _inference_records(cfg)
+
+
+def _inference_records(cfg: SloConfig) -> list[Rule]:
+    """The inference stage per model and prompt-size class, and its budget there."""
+    window = cfg.stage_latency_window
+    latency = inference_latency_record(window)
+    classed = by(cfg, sc.LABEL_MODEL, sc.LABEL_PROMPT_SIZE)
+    stage = f'{STAGE_BUDGET_RECORD}{{{sc.LABEL_STAGE}="inference"}}'
+    threshold = f'{TTFT_THRESHOLD_RECORD}{{{sc.LABEL_PROMPT_SIZE}!=""}}'
+
+    def operand(on: str, budget: str, name: str) -> str:
+        laid = f"0 * {latency} + on ({on}) group_left () {budget}"
+        return f'label_replace({laid}, "{OPERAND}", "{name}", "", "")'
+
+    return [
+        {
+            "record": latency,
+            "expr": (
+                f"histogram_quantile(0.95, sum by ({classed}, le) "
+                f"(rate({sc.UPSTREAM_TTFT}_bucket[{window}])))"
+            ),
+        },
+        {
+            "record": INFERENCE_BUDGET_RECORD,
+            # Both operands laid onto the latency's series, told apart for the length of
+            # the query (``or`` keeps series of distinct labels), then the larger per series.
+            # A series without a class (an older gateway) gets the stage budget alone.
+            "expr": (
+                f"max by ({classed}) (\n  {operand(by(cfg), stage, 'stage')}\n  or\n"
+                f"  {operand(sc.LABEL_PROMPT_SIZE, threshold, 'class')}\n)"
+            ),
+        },
+    ]
 
 
 def per_model(
@@ -416,6 +531,13 @@ def _cost_records(cfg: SloConfig) -> list[Rule]:
         }
         for window in ("5m", "1h")
     ]
+    rules += [
+        {
+            "record": cost_pace_record(window),
+            "expr": f"{cost_rate_record(window)} * 86400 / {budget}",
+        }
+        for window in ("5m", "1h")
+    ]
     return rules
 
 
@@ -460,12 +582,25 @@ def _engine_records(cfg: SloConfig) -> list[Rule]:
         )
     )
     dcgm = f'label_replace({sc.DCGM_SM_ACTIVE}, "{sc.LABEL_UUID}", "$1", "{sc.DCGM_UUID}", "(.*)")'
+
+    def host(expr: str, label: str) -> str:
+        named = f'label_replace({expr}, "{HOST}", "$1", "{label}", "(.*)")'
+        return f"group by ({gpu_by}, {HOST}) ({named})"
+
     rules += [
         {
             "record": GPU_SM_ACTIVE_RECORD,
             # SM activity only: NVML utilisation says a kernel ran, not how busy the GPU is.
             # The GPU exporter and DCGM run in different namespaces: keyed by UUID, not by it.
             "expr": (f"max by ({gpu_by}) ({sc.GPU_SM_ACTIVE})\nor\nmax by ({gpu_by}) ({dcgm})"),
+        },
+        {
+            "record": GPU_HOST_RECORD,
+            # DCGM's only for GPUs the stagelens exporter does not read (one host a GPU).
+            "expr": (
+                f"{host(sc.GPU_SM_ACTIVE, 'instance')}\nor\n(\n  {host(dcgm, DCGM_HOSTNAME)}\n"
+                f"  unless on ({gpu_by})\n  {sc.GPU_SM_ACTIVE}\n)"
+            ),
         },
         {
             "record": ENGINE_WAITING_RECORD,
@@ -484,10 +619,11 @@ def _engine_records(cfg: SloConfig) -> list[Rule]:
 
 
 def _billing_records(cfg: SloConfig) -> list[Rule]:
-    """Billed against generated output tokens per environment, all models together: one vLLM
-    model often serves several public names (``model_name`` is its first), so a per-model
-    comparison would read an alias's tokens as unbilled."""
-    env = by(cfg)
+    """Billed against generated output tokens per ``billing_drift_by`` (the cluster), all
+    models together: one vLLM model often serves several public names (``model_name`` is
+    its first), so a per-model comparison would read an alias's tokens as unbilled; and
+    vLLM often runs in a namespace of its own, so a per-namespace one would never meet."""
+    env = ", ".join(cfg.billing_drift_by)
     output = f'{sc.TOKENS}{{{sc.LABEL_TYPE}="{sc.TOKEN_TYPE_OUTPUT}"}}'
     return [
         {
@@ -508,6 +644,27 @@ def _billing_records(cfg: SloConfig) -> list[Rule]:
     ]
 
 
+def monitored_jobs(cfg: SloConfig) -> str:
+    """One regex for every job stagelens watches: gateway, vLLM, GPU exporter, DCGM."""
+    return "|".join(
+        (
+            cfg.gateway_job_regex,
+            cfg.backend_job_regex,
+            cfg.gpu_exporter_job_regex,
+            cfg.dcgm_job_regex,
+        )
+    )
+
+
+def _target_records(cfg: SloConfig) -> list[Rule]:
+    return [
+        {
+            "record": TARGETS_RECORD,
+            "expr": f'count by ({by(cfg, "job")}) (up{{job=~"{monitored_jobs(cfg)}"}})',
+        }
+    ]
+
+
 def render_rules(cfg: SloConfig) -> dict[str, Any]:
     """The recording-rule file as a mapping (``groups:`` ...)."""
     return {
@@ -517,6 +674,7 @@ def render_rules(cfg: SloConfig) -> dict[str, Any]:
             {"name": GROUP_LATENCY, "rules": _latency_records(cfg)},
             {"name": GROUP_COST, "rules": _cost_records(cfg)},
             {"name": GROUP_ENGINE, "rules": _engine_records(cfg)},
+            {"name": GROUP_TARGETS, "rules": _target_records(cfg)},
         ]
     }
 

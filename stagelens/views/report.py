@@ -93,6 +93,7 @@ _READ: Final = (
     sc.TIME_TO_FIRST_TOKEN,
     sc.INTER_TOKEN_LATENCY,
     sc.TIME_TO_FIRST_ANSWER_TOKEN,
+    sc.NON_STREAMED_RESPONSE,
 )
 """The histograms the report reads (summed over their other labels)."""
 
@@ -269,6 +270,7 @@ def render_table(text: str, spans: Iterable[SpanRecord] = ()) -> str:
     for metric, title in (
         (sc.TIME_TO_FIRST_TOKEN, "TTFT"),
         (sc.TIME_TO_FIRST_ANSWER_TOKEN, "first answer"),
+        (sc.NON_STREAMED_RESPONSE, "whole answer"),
     ):
         hist = hists.get((metric, ""))
         if hist is not None and hist.count:
@@ -281,6 +283,8 @@ def render_table(text: str, spans: Iterable[SpanRecord] = ()) -> str:
     lines.append("inference with postprocess, so shares need not add to 100 %)")
     lines.append(FOOTNOTE)
     lines.append("first answer = time to the first answer token, past a reasoning model's thinking")
+    lines.append("whole answer = a non-streamed answer's first byte, sent once it was all")
+    lines.append("generated; TTFT and first answer read streamed answers only")
     shares = reasoning_shares(text)
     if shares:
         lines.append("")

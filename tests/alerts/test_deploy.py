@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from stagelens.dashboards.deploy import write_all
+from stagelens.dashboards.deploy import ALERTMANAGER_SECRET, write_all
 from stagelens.dashboards.k8s import GATEWAY, VLLM, VLLM_FLAGS, backend_urls, gateway_config
 
 from stagelens.slo.alert_rules import render_alerts
@@ -60,7 +60,7 @@ class TestDeploy:
     def test_every_manifest_names_its_generator(self, tmp_path: Path) -> None:
         """Each deploy/ file says it comes from ``python -m stagelens.dashboards.deploy``."""
         paths = write_all(SloConfig(), tmp_path)
-        assert len(paths) == 6
+        assert len(paths) == 8
         for path in paths:
             first = (ROOT / "deploy" / path.relative_to(tmp_path)).read_text().splitlines()[0]
             generator = "python -m stagelens.dashboards.deploy"
@@ -79,7 +79,9 @@ class TestDeploy:
             for d in yaml.safe_load_all(p.read_text())
         ]
         for doc in docs:
-            if doc["kind"] in CRD_KINDS:
+            if doc["metadata"]["name"] == ALERTMANAGER_SECRET:
+                assert doc["metadata"]["namespace"] == "obs"
+            elif doc["kind"] in CRD_KINDS:
                 assert doc["metadata"]["namespace"] == "obs"
                 assert doc["metadata"]["labels"]["release"] == "p"
             elif doc["kind"] in {"Deployment", "StatefulSet", "Service", "Secret"}:
@@ -109,11 +111,13 @@ class TestKubernetesSchemas:
 
     def test_every_kind_is_checked(self) -> None:
         """The stack is the gateway (Secret, Deployment, Service) and vLLM (StatefulSet,
-        Service) in a Namespace, plus the monitors and the rules."""
+        Service) in a Namespace, plus the monitors, the rules and Alertmanager's
+        configuration (a Secret)."""
         kinds = sorted(d["kind"] for d in _all_docs() if d["kind"] != "ConfigMap")
         assert kinds == sorted(
             [
                 "Namespace",
+                "Secret",
                 "Secret",
                 "Deployment",
                 "Service",

@@ -27,23 +27,24 @@ _EXEMPLAR_LINE = re.compile(r"^(\w+)_bucket\{[^}]*\} \S+ # \{([^}]*)\}")
 def _carried() -> tuple[set[str], set[str]]:
     """(histograms whose buckets carry an exemplar, the exemplar's label names), read from
     the OpenMetrics text of a registry fed one sampled request that touched every gateway
-    histogram: stages, engine phases, TTFT and inter-token gaps."""
+    histogram: stages, engine phases, TTFT and inter-token gaps (and a non-streamed one)."""
     registry = CollectorRegistry()
     fold = recording_for(registry, Settings()).fold
-    fold.submit(
-        RequestRecord(
-            model="m",
-            code="200",
-            duration=1.2,
-            ttft=0.3,
-            gaps=[0.02, 0.03],
-            stages=StageTimes([("tokenizer", 0.002), ("inference", 1.1)]),
-            phases=PhaseTimes([("queue", 0.01), ("prefill", 0.05), ("decode", 0.9)]),
-            rejected_by=None,
-            billing=None,
-            exemplar=ExemplarRef(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1e9),
-        )
+    streamed = RequestRecord(
+        model="m",
+        code="200",
+        duration=1.2,
+        ttft=0.3,
+        gaps=[0.02, 0.03],
+        stages=StageTimes([("tokenizer", 0.002), ("inference", 1.1)]),
+        phases=PhaseTimes([("queue", 0.01), ("prefill", 0.05), ("decode", 0.9)]),
+        rejected_by=None,
+        billing=None,
+        exemplar=ExemplarRef(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1e9),
     )
+    fold.submit(streamed)
+    # And a non-streamed answer, whose whole-answer histogram carries exemplars too.
+    fold.submit(streamed._replace(ttft=2.0, gaps=[], streamed=False))
     histograms: set[str] = set()
     labels: set[str] = set()
     for line in openmetrics(registry).decode().splitlines():

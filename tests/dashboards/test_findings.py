@@ -176,13 +176,21 @@ class TestFinding12StatPanels:
     @needs_promtool
     def test_slo_panels_are_per_model(self, tmp_path: Path) -> None:
         """SLO panels keep one series per model, as the alerts judge them: a healthy and a
-        failing model are not averaged (or maxed) into one figure."""
+        failing model are not averaged (or maxed) into one figure. TTFT is judged per
+        prompt-size class: the 32k class of "bad" all slow reads 0 % good, not the model's
+        96 % (its 1024 class is fine and twenty-four times larger)."""
+        good = 'model="good", sli="ttft", prompt_size="1024"'
+        small = 'model="bad", sli="ttft", prompt_size="1024"'
+        large = 'model="bad", sli="ttft", prompt_size="32768"'
         series = [
             _gauge("stagelens:sli_errors:ratio_rate30d", 'model="good", sli="ttft"', 0.025),
-            _gauge("stagelens:sli_errors:ratio_rate30d", 'model="bad", sli="ttft"', 0.2),
+            _gauge("stagelens:sli_errors:ratio_rate30d", 'model="bad", sli="ttft"', 0.04),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate30d", good, 0.025),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate30d", small, 0.0),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate30d", large, 1.0),
             # The TTFT burn panel reads the per prompt-size class ratio (issue 26).
-            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", 'model="good", sli="ttft"', 0.025),
-            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", 'model="bad", sli="ttft"', 0.2),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", good, 0.025),
+            _gauge("stagelens:ttft_sli_errors:ratio_rate1h", large, 0.2),
         ]
         sli = _exprs(SLOS, "TTFT SLI (30d)")[0]
         burn = _exprs(SLOS, "TTFT burn rate")[0]
@@ -194,16 +202,17 @@ class TestFinding12StatPanels:
                     "expr": sli,
                     "eval_time": "5m",
                     "exp_samples": [
-                        {"labels": '{model="good", sli="ttft"}', "value": 0.975},
-                        {"labels": '{model="bad", sli="ttft"}', "value": 0.8},
+                        {"labels": "{" + good + "}", "value": 0.975},
+                        {"labels": "{" + small + "}", "value": 1},
+                        {"labels": "{" + large + "}", "value": 0},
                     ],
                 },
                 {
                     "expr": burn,
                     "eval_time": "5m",
                     "exp_samples": [
-                        {"labels": '{model="good", sli="ttft"}', "value": 0.5},
-                        {"labels": '{model="bad", sli="ttft"}', "value": 4},
+                        {"labels": "{" + good + "}", "value": 0.5},
+                        {"labels": "{" + large + "}", "value": 4},
                     ],
                 },
             ],

@@ -162,6 +162,7 @@ class TestNotSampled:
                 r = await client.post("/v1/chat/completions", json=body)
                 assert r.status_code == 200
         text = await _scrape(not_sampled, client_factory, OPENMETRICS)
-        count = f"{semconv.TIME_TO_FIRST_TOKEN}_count"
-        assert not_sampled.value(count, model="tiny", prompt_size="1024") == 2.0
+        size = {"model": "tiny", "prompt_size": "1024"}
+        assert not_sampled.value(f"{semconv.TIME_TO_FIRST_TOKEN}_count", **size) == 1.0
+        assert not_sampled.value(f"{semconv.NON_STREAMED_RESPONSE}_count", **size) == 1.0
         assert _exemplars(text) == []

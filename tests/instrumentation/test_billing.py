@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+import stagelens
 from stagelens import PriceTable, Settings, Usage
 from stagelens.config import load_settings
 from stagelens.errors import ConfigurationError
@@ -104,6 +106,34 @@ class TestTenants:
         assert labels[:3] == ["t0", "t1", "t2"]
         assert set(labels[3:]) == {"other"}
         assert limiter.label("t1") == "t1"
+
+    def test_budgeted_tenants_always_keep_their_name(self) -> None:
+        """A tenant with a daily budget is never folded into `other`: not when an allow-list
+        leaves it out, not when the first-come places are taken."""
+        listed = TenantLimiter(["acme"], max_tenants=5, budgeted=["globex"])
+        assert [listed.label(t) for t in ("acme", "globex", "initech")] == [
+            "acme",
+            "globex",
+            "other",
+        ]
+        first_come = TenantLimiter(max_tenants=2, budgeted=["globex"])
+        labels = [first_come.label(t) for t in ("t0", "t1", "t2", "globex")]
+        assert labels == ["t0", "other", "other", "globex"]
+
+    def test_telemetry_admits_the_tenants_it_has_budgets_for(self) -> None:
+        """configure(): STAGELENS_DAILY_BUDGETS_USD's tenants are labelled by name beside
+        STAGELENS_TENANTS (the cost alerts compare each with its own budget)."""
+        telemetry = stagelens.configure(
+            registry=CollectorRegistry(),
+            set_global=False,
+            tenants=("acme",),
+            daily_budgets_usd={"globex": 5.0},
+        )
+        try:
+            assert telemetry.tenants.label("globex") == "globex"
+            assert telemetry.tenants.label("initech") == "other"
+        finally:
+            telemetry.shutdown()
 
     def test_key_fingerprint_hides_the_key(self) -> None:
         """A key fingerprint is short, stable and does not contain the key."""

@@ -305,8 +305,8 @@ class TestServiceLevelIndicators:
         for sli in (sc.SLI_AVAILABILITY, sc.SLI_TTFT, sc.SLI_ITL, sc.SLI_GOODPUT):
             assert cap.value(sc.SLI_REQUESTS, model="tiny", prompt_size="1024", sli=sli) == 1, sli
             assert cap.value(sc.SLI_ERRORS, model="tiny", prompt_size="1024", sli=sli) == 0, sli
-        assert cap.value(sc.UPSTREAM_TTFT + "_count", model="tiny") == 1
-        upstream = cap.value(sc.UPSTREAM_TTFT + "_sum", model="tiny")
+        assert cap.value(sc.UPSTREAM_TTFT + "_count", model="tiny", prompt_size="1024") == 1
+        upstream = cap.value(sc.UPSTREAM_TTFT + "_sum", model="tiny", prompt_size="1024")
         assert upstream is not None
         assert 0.02 <= upstream <= _ttft(cap)
 

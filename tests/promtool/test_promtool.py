@@ -23,6 +23,7 @@ ALERT_SUITES = (
     "stagelens-alerts-slow_test.yaml",
     "findings_test.yaml",
     "oncall_test.yaml",
+    "oncall2_test.yaml",
 )
 FINDINGS = HERE / "findings_test.yaml"
 BASELINE = HERE / "baseline"
@@ -36,6 +37,16 @@ BASELINE_ORDER = (
     "stagelens-slo.alerts",
     "stagelens-serving.alerts",
 )
+ROUND_TWO = HERE / "oncall2_test.yaml"
+BASELINE_ROUND_TWO = HERE / "baseline_round2"
+"""The generated rule files as they were before the second on-call review (issue 43): every
+"case N" group of oncall2_test.yaml must fail on them."""
+ROUND_TWO_CASES = frozenset(range(1, 9))
+"""The review's numbered cases (1-8); each has at least one group."""
+GATEWAY_CASES = frozenset({6})
+"""Cases fixed in the gateway, not in the rules: their groups feed the series the gateway
+now records, which the rules before the fix read rightly too (the gateway's side has tests
+of its own, tests/instrumentation/test_streamed_apart.py)."""
 
 needs_promtool = pytest.mark.skipif(not Path(PROMTOOL).exists(), reason="promtool not installed")
 
@@ -265,5 +276,66 @@ class TestFindings:
         )
         output = result.stdout + result.stderr
         assert result.returncode == 1, output
+        assert "FAILED:" in output
+        assert "parse error" not in output
+
+
+def _case(group: dict[str, Any]) -> int:
+    return int(group["name"].split(":")[0].split()[1])
+
+
+def round_two_cases() -> list[dict[str, Any]]:
+    """The "case N: ..." groups of the second review's suite (not its "still: ..." ones)."""
+    groups: list[dict[str, Any]] = yaml.safe_load(ROUND_TWO.read_text(encoding="utf-8"))["tests"]
+    return [g for g in groups if g["name"].startswith("case ")]
+
+
+def rule_cases() -> list[dict[str, Any]]:
+    """The case groups whose fix is in the rules (all but ``GATEWAY_CASES``)."""
+    return [g for g in round_two_cases() if _case(g) not in GATEWAY_CASES]
+
+
+def _fails_on(rules: Path, group: dict[str, Any], tmp_path: Path) -> str:
+    """promtool's output for ``group`` run against the rule files in ``rules``, in the group
+    order of the suite (groups a baseline lacks are left out of it)."""
+    suite: dict[str, Any] = yaml.safe_load(ROUND_TWO.read_text(encoding="utf-8"))
+    files = [rules / RULES_FILE, rules / ALERTS_FILE]
+    present = {
+        g["name"] for f in files for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"]
+    }
+    test = {
+        "rule_files": [str(f) for f in files],
+        "evaluation_interval": suite["evaluation_interval"],
+        "group_eval_order": [g for g in suite["group_eval_order"] if g in present],
+        "tests": [group],
+    }
+    path = tmp_path / "baseline_test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [PROMTOOL, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    return output
+
+
+class TestRoundTwo:
+    def test_every_numbered_case_has_a_group(self) -> None:
+        """Cases 1-8 of the second on-call review (issue 43) each have at least one group."""
+        numbers = {_case(g) for g in round_two_cases()}
+        assert numbers == ROUND_TWO_CASES
+
+    @needs_promtool
+    @pytest.mark.parametrize("group", rule_cases(), ids=lambda g: g["name"][:60])
+    def test_case_fails_on_the_rules_before_the_fix(
+        self, group: dict[str, Any], tmp_path: Path
+    ) -> None:
+        """Each case fails on the rules as they were (baseline_round2/): it shows what misled
+        the on-call, and the committed rules (test_unit_suite_passes) fix it."""
+        output = _fails_on(BASELINE_ROUND_TWO, group, tmp_path)
         assert "FAILED:" in output
         assert "parse error" not in output
