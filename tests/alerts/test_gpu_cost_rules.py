@@ -27,10 +27,11 @@ def _records(config: dict[str, object]) -> dict[str, str]:
 def test_each_model_is_priced_at_its_gpus_and_the_rest_at_the_default() -> None:
     """A model with a price of its own (3 USD a GPU-hour, 2 GPUs an engine) and the default
     (2 USD, one GPU) for every other; only the gateway's engine seconds are read."""
-    records = _records({"gpu_prices": {"big.model": {"usd_per_gpu_hour": 3.0, "gpus": 2}}})
-    expr = records[gpu_cost_rate_record("5m")]
+    config = {"gpu_prices": {"big.model": {"usd_per_gpu_hour": 3.0, "gpus": 2}}}
+    expr = _records(config)[gpu_cost_rate_record("5m")]
+    gateway = slo_config_from_mapping(config).gateway_job_regex
     assert (
-        f'{sc.ENGINE_SECONDS}{{job=~".*gateway.*", model="big.model"}}[5m]) * {3.0 * 2 / 3600!r}'
+        f'{sc.ENGINE_SECONDS}{{job=~"{gateway}", model="big.model"}}[5m]) * {3.0 * 2 / 3600!r}'
         in expr
     )
     assert f'model!~"big\\\\.model"}}[5m]) * {2.0 / 3600!r}' in expr
