@@ -23,7 +23,7 @@ def _billed(tenant: str, output: int, cost: float, engine: float | None) -> Requ
         stages=StageTimes([("inference", 0.4)]),
         phases=None,
         rejected_by=None,
-        billing=BillingRecord(tenant, 100, output, 0, cost, 0, engine),
+        billing=BillingRecord(tenant, 100, output, 0, cost, 0, engine_seconds=engine),
     )
 
 

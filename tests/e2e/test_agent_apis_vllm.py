@@ -329,9 +329,10 @@ def test_whole_answers_and_the_stream_helper(service) -> None:
 
 @pytest.mark.parametrize("api", ["responses", "messages"])
 def test_whole_answers_time_their_first_byte(service, api: str) -> None:
-    """Not streamed, the first token is the whole answer's first byte sent: within 5 ms of
-    the client's first body byte (a raw httpx client's clock, from its send), the median
-    of five; tokens equal to the answer's usage."""
+    """Not streamed, the answer's first byte, sent once it was all generated, is recorded
+    as the whole-answer time (``stagelens_non_streamed_response_seconds``, as chat's), not
+    as a first token: within 5 ms of the client's first body byte (a raw httpx client's
+    clock, from its send), the median of five; tokens equal to the answer's usage."""
     oai, _, cap = service
     clock = SendClock()
     path = api  # the route, under the client's /v1/
@@ -342,24 +343,31 @@ def test_whole_answers_time_their_first_byte(service, api: str) -> None:
     )
     differences = []
 
+    def whole(readings: Readings) -> float:
+        """The request's whole-answer time (one request at a time: the histogram's delta)."""
+        assert sc.ATTR_TTFT not in (readings.root.attributes or {})
+        name = f"{sc.NON_STREAMED_RESPONSE}_sum{{"
+        return sum(v for k, v in readings.delta.items() if k.startswith(name))
+
     def one(http: httpx.Client) -> tuple[Readings, dict[str, Any], float]:
         """One request: its readings, its answer, the client's time to its first byte."""
         _quiet(cap)
         chunks: list[bytes] = []
         first = 0.0
+        before = _metrics(cap)
         with http.stream("POST", path, json=body, timeout=120) as answer:
             for chunk in answer.iter_raw():
                 first = first or time.perf_counter()
                 chunks.append(chunk)
         time.sleep(0.05)
         payload = json.loads(b"".join(chunks))
-        return Readings(cap, _metrics(cap), payload["id"]), payload, first - clock.at
+        return Readings(cap, before, payload["id"]), payload, first - clock.at
 
     with httpx.Client(base_url=str(oai.base_url), event_hooks={"request": [clock]}) as http:
         for _ in range(REPEATS):
             for _ in range(3):  # retried only on a stall of the client's clock (as ``_one``)
                 readings, payload, seen = one(http)
-                if seen - readings.ttft <= TTFT_BOUND:
+                if seen - whole(readings) <= TTFT_BOUND:
                     break
                 time.sleep(0.5)
             usage = payload["usage"]
@@ -370,8 +378,8 @@ def test_whole_answers_time_their_first_byte(service, api: str) -> None:
                 written = usage.get("cache_creation_input_tokens", 0)
                 expected = (usage["input_tokens"] + cached + written, usage["output_tokens"])
             assert readings.usage() == expected
-            differences.append(abs(readings.ttft - seen))
-    print(f"\nwhole-answer TTFT - client's: median {statistics.median(differences) * 1e3:.2f} ms")
+            differences.append(abs(whole(readings) - seen))
+    print(f"\nwhole-answer time - client's: median {statistics.median(differences) * 1e3:.2f} ms")
     assert statistics.median(differences) <= TTFT_BOUND, differences
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
@@ -450,6 +450,12 @@ def _epoch(stamp: str) -> float:
     return datetime.fromisoformat(head + zone.replace("Z", "+00:00")).timestamp()
 
 
+NEEDS_ENGINE_MIDDLEWARE: Final = frozenset({"GPU cost by tenant, beside the price table"})
+"""Panels fed by the gateway's engine seconds, which only a vLLM running stagelens' engine-time
+middleware reports: the session's vLLM runs without it, so these may be empty here
+(tests/e2e/test_engine_seconds_vllm.py reads the figures on a server that runs it)."""
+
+
 class TestPrometheusEndToEnd:
     def test_every_panel_query_returns_series_once(self, stack: Stack, tmp_path: Path) -> None:
         """Under real traffic every panel query evaluates, returns series, and draws each
@@ -465,7 +471,7 @@ class TestPrometheusEndToEnd:
         queries = dashboard_queries()
         for board, title, expr, fmt in queries:
             result = prom.query(concrete(expr))
-            if not result:
+            if not result and title not in NEEDS_ENGINE_MIDDLEWARE:
                 empty.append(f"{board} / {title}: {expr}")
             names = [legend(fmt, s["metric"]) for s in result]
             if len(names) != len(set(names)):

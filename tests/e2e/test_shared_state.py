@@ -159,7 +159,7 @@ def _scrape(metrics_urls: list[str], tenant: str) -> Totals:
     """The Prometheus counters of every replica (its internal metrics port: its workers'
     figures added up), added up as ``sum()`` would."""
     total: Totals = dict.fromkeys(
-        ("requests", "input", "output", "cached_input", "reasoning", "cost"), 0
+        ("requests", "input", "output", "cached_input", "cache_write", "reasoning", "cost"), 0
     )
     for url in metrics_urls:
         text = httpx.get(url, timeout=30).text
