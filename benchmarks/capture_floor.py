@@ -2,7 +2,7 @@
 do on this proxy to obtain the figures stagelens' metrics are made of, hand-written for
 this one proxy. It is a yardstick, not a product.
 
-Why: the overhead targets of issue #2 (3 % with tracing sampled out) are only meaningful
+Why: the overhead targets (3 % with tracing sampled out, the first goal) are only meaningful
 against what capturing those figures costs at all. This variant captures every input of
 the metrics and nothing more, with the cheapest means stagelens itself uses (httpx's
 header list appended to, JSON read by the C scanner, httpcore's stream read directly):

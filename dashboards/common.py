@@ -152,7 +152,7 @@ def _each(aggregate: str, by: str, exprs: Sequence[str]) -> str:
 def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str = RATE) -> str:
     """The ``q`` percentile of gateway histogram ``metric`` per ``by`` group, drawn within
     ``buckets.ERROR_TARGET`` of the exact one and never outside the fastest and slowest
-    request observed (issue 27).
+    request observed.
 
     Why not ``histogram_quantile`` alone: it interpolates linearly inside the bucket that
     holds the percentile's rank, so it may lie up to the bucket's width (20 % on 1.2x
@@ -183,7 +183,7 @@ def quantile(q: float, metric: str, by: str, selector: str = MODEL, window: str 
 
 
 def quantile_bound(bounds: Sequence[float], low: float, high: float) -> str:
-    """The sentence a percentile panel carries about its error (issue 27), read from the
+    """The sentence a percentile panel carries about its error, read from the
     bounds themselves so it cannot go stale."""
     ratio = worst_ratio(bounds, low, high)
     within = (

@@ -77,7 +77,7 @@ ENGINE_BOUND: Final = (
     f"{worst_ratio(buckets.ENGINE_PHASE_BUCKETS, 0.001, 10.0):g}x apart between 1 ms and "
     "10 s: a percentile there may be off by that factor."
 )
-"""What each family's percentile panels say about their error (issue 27)."""
+"""What each family's percentile panels say about their error."""
 
 
 def budgeted_quantile(q: float, window: str) -> str:

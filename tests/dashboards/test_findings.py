@@ -1,4 +1,4 @@
-"""Dashboard findings of the on-call review (issue 17, findings 4 and 11-14), each checked on
+"""Dashboard findings of the first on-call review (findings 4 and 11-14), each checked on
 the generated JSON or by evaluating the panel's own query in promtool on synthetic series."""
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class TestFinding12StatPanels:
             _gauge("stagelens:ttft_sli_errors:ratio_rate30d", good, 0.025),
             _gauge("stagelens:ttft_sli_errors:ratio_rate30d", small, 0.0),
             _gauge("stagelens:ttft_sli_errors:ratio_rate30d", large, 1.0),
-            # The TTFT burn panel reads the per prompt-size class ratio (issue 26).
+            # The TTFT burn panel reads the per prompt-size class ratio.
             _gauge("stagelens:ttft_sli_errors:ratio_rate1h", good, 0.025),
             _gauge("stagelens:ttft_sli_errors:ratio_rate1h", large, 0.2),
         ]

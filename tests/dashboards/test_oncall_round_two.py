@@ -1,6 +1,6 @@
-"""What the on-call opens from a page (issue 43): the TTFT panels draw each prompt-size
-class against its own threshold, and every alert's dashboard link sets variables the
-dashboard has."""
+"""What the on-call opens from a page (the second on-call review): the TTFT panels draw
+each prompt-size class against its own threshold, and every alert's dashboard link sets
+variables the dashboard has."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ ALERT_SUITES = (
 )
 FINDINGS = HERE / "findings_test.yaml"
 BASELINE = HERE / "baseline"
-"""The generated rule files as they were before the on-call review (issue 17): every finding
+"""The generated rule files as they were before the first on-call review: every finding
 case must fail on them."""
 BASELINE_ORDER = (
     "stagelens-ttft-slo.rules",
@@ -39,7 +39,7 @@ BASELINE_ORDER = (
 )
 ROUND_TWO = HERE / "oncall2_test.yaml"
 BASELINE_ROUND_TWO = HERE / "baseline_round2"
-"""The generated rule files as they were before the second on-call review (issue 43): every
+"""The generated rule files as they were before the second on-call review: every
 "case N" group of oncall2_test.yaml must fail on them."""
 ROUND_TWO_CASES = frozenset(range(1, 9))
 """The review's numbered cases (1-8); each has at least one group."""
@@ -248,7 +248,8 @@ def finding_groups() -> list[dict[str, Any]]:
 
 class TestFindings:
     def test_every_numbered_finding_has_a_case(self) -> None:
-        """Findings 1-10 (the rules' findings of issue 17) each have at least one group."""
+        """Findings 1-10 (the rules' findings of the first on-call review) each have a
+        group."""
         numbers = {int(g["name"].split(":")[0].split()[1]) for g in finding_groups()}
         assert numbers == set(range(1, 11))
 
@@ -325,7 +326,7 @@ def _fails_on(rules: Path, group: dict[str, Any], tmp_path: Path) -> str:
 
 class TestRoundTwo:
     def test_every_numbered_case_has_a_group(self) -> None:
-        """Cases 1-8 of the second on-call review (issue 43) each have at least one group."""
+        """Cases 1-8 of the second on-call review each have at least one group."""
         numbers = {_case(g) for g in round_two_cases()}
         assert numbers == ROUND_TWO_CASES
 
