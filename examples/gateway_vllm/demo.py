@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stagelens.reference.demo_urls import print_prometheus, print_urls
+
 from stagelens.errors import StageLensError
 
 EMBED_MODEL = "tiny-embed"
@@ -161,7 +163,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
     from stagelens.reference.demo_extras import BESIDE_NICENESS, Beside, Extra
-    from stagelens.reference.vllm_server import Supervisor, VllmServer, running
+    from stagelens.reference.vllm_server import Supervisor, VllmServer
 
     model, parser = args.model, args.tool_call_parser
     if model is None:
@@ -224,20 +226,25 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     if extras:
         _say(
             " and ".join(f"{e.what} ({e.server.base_url})" for e in extras)
-            + " start beside it at a lower CPU priority: the first table does not wait for "
-            "them, and each joins when it is up"
+            + " start once it serves, at a lower CPU priority: the first table does not wait "
+            "for them, and each joins when it is up"
         )
     everything = [*servers, *embedders, *thinkers]
     # Each context stops what it started in its finally, however we leave (signal included).
-    with (
-        Beside(extras, say=_say) as beside,
-        running(servers, timeout=900, progress=_progress(f"waiting for {chat}")),
-        Supervisor(everything, say=_say),  # a dead backend is restarted
-    ):
+    # The extras start once the chat backend serves: on a small machine they would slow its
+    # start, and the first table needs only it.
+    with Beside(extras, say=_say) as beside, _started(servers):
+        progress = _progress(f"waiting for {chat}")
+        for server in servers:
+            server.wait_ready(timeout=900, progress=progress)
         print()
+        beside.start()
         traces = _start_traces(args)
         try:
-            with _gateway(args, config, logs, traces) as served:
+            with (
+                _gateway(args, config, logs, traces) as served,
+                Supervisor(everything, say=_say),  # a dead backend is restarted
+            ):
                 try:
                     _show(args, served, traces, api_key, backends, embedders, beside, stopping)
                 finally:
@@ -245,6 +252,18 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         finally:
             traces.stop()
     return 0
+
+
+@contextlib.contextmanager
+def _started(servers: list[Any]) -> Iterator[None]:
+    """Start ``servers`` (returns at once); stop them on exit."""
+    try:
+        for server in servers:
+            server.start()
+        yield
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
@@ -365,8 +384,8 @@ def _show(
         asyncio.run(_traffic(gateway, api_key, args.requests, embeddings, thinking))
         shown |= ready
         slowest = _print_table(served, traces, metrics, args.requests, thinking)
-    _print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
-    _print_prometheus(_log_dir() / "prometheus.yml", metrics, backends, args.workers)
+    print_urls(gateway, metrics, backends, [e.base_url for e in embedders], api_key)
+    print_prometheus(_log_dir() / "prometheus.yml", metrics, backends, args.workers)
     _print_trace_urls(traces, slowest, metrics)
     sent = args.requests if not args.no_traffic else 0
     if args.exit_after_traffic:
@@ -557,40 +576,3 @@ async def _traffic(
         for start in range(0, n, 4):
             await asyncio.gather(*(one(client, i) for i in range(start, min(start + 4, n))))
     print()
-
-
-def _print_urls(
-    gateway: str, metrics: str, backends: list[str], embedders: list[str], api_key: str
-) -> None:
-    print(f"  gateway     {gateway}/v1   (OpenAI API; Authorization: Bearer {api_key})")
-    print(f"              {gateway}/v1/responses, /v1/messages   (the agent APIs; x-api-key too)")
-    print(f"  health      {gateway}/health   (anonymous: up or down)")
-    print(f"  metrics     {metrics}   (internal port, not on the API's)")
-    for url in backends:
-        print(f"  vLLM        {url}/metrics  (engine + stagelens plugin metrics)")
-    for url in embedders:
-        print(f"  embeddings  {url}/metrics  (vLLM pooling server)")
-    print("  Grafana     import dashboards/*.json (or deploy/grafana/provisioning/)")
-    print(f"  report      {sys.argv[0]} report --metrics-url {metrics}")
-
-
-def _print_prometheus(path: Path, metrics: str, backends: list[str], workers: int) -> None:
-    """Write a ``prometheus.yml`` scraping this stack and print the command that runs
-    Prometheus on it, with exemplar storage (the latency buckets' trace ids)."""
-    from urllib.parse import urlsplit
-
-    from stagelens.slo import prometheus_server
-
-    jobs = {
-        prometheus_server.GATEWAY_JOB: [urlsplit(metrics).netloc],
-        prometheus_server.VLLM_JOB: [urlsplit(url).netloc for url in backends],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(prometheus_server.render(jobs), encoding="utf-8")
-    print(f"  Prometheus  {prometheus_server.command(str(path))}")
-    print(f"              (scrapes the /metrics above as jobs {', '.join(map(repr, jobs))})")
-    if workers > 1:
-        print("              no exemplars: several workers share metrics in files, which keep none")
-    else:
-        print("              exemplars: each latency bucket's latest sampled trace id")
-    print("              rules: alerts/stagelens-rules.yaml and alerts/stagelens-alerts.yaml")

@@ -1,7 +1,8 @@
-"""The demo's extra servers, the embedding server and the reasoning model: started beside the
-chat backends but at a lower CPU priority, so that on a small machine the chat backend comes
-up about as fast as alone and the first table shows without waiting for the extras. Each is
-announced when it comes up, and then gets a short traffic run of its own.
+"""The demo's extra servers, the embedding server and the reasoning model: started once the
+chat backends serve, at a lower CPU priority, so that on a small machine the chat backend
+starts as fast as alone and the first table shows without waiting for the extras, which
+then start beside the running stack. Each is announced when it comes up, and then gets a
+short traffic run of its own.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class Extra:
 
 
 class Beside:
-    """Starts the extras on entry and watches them from a thread until each is up, saying
+    """Starts the extras (``start``) and watches them from a thread until each is up, saying
     so as it comes; stops them on exit. A server that dies is the Supervisor's to restart;
     this only says when each serves."""
 
@@ -46,6 +47,10 @@ class Beside:
         self._started = time.monotonic()
 
     def __enter__(self) -> Beside:
+        return self
+
+    def start(self) -> None:
+        """Start the extras (returns at once) and watch them until each is up."""
         try:
             for extra in self.extras:
                 extra.server.start()
@@ -55,7 +60,6 @@ class Beside:
         self._started = time.monotonic()
         if self.extras:
             self._thread.start()
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self._stopping.set()

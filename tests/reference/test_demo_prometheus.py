@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from stagelens.reference.demo import _print_prometheus
+from stagelens.reference.demo_urls import print_prometheus
 
 from tests._promstack import PROMETHEUS, get_json, wait_http
 
@@ -34,7 +34,7 @@ class TestPrintedPrometheus:
     ) -> None:
         """Prometheus started with the printed command line reports exemplar storage among
         its enabled features and scrapes exactly the gateway's metrics and the backends."""
-        _print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=1)
+        print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=1)
         line = next(row for row in _printed(capsys) if row.strip().startswith("Prometheus"))
         argv = shlex.split(line.strip().removeprefix("Prometheus"))
         assert argv[0] == "prometheus"
@@ -74,9 +74,9 @@ class TestPrintedPrometheus:
     ) -> None:
         """With several workers (prometheus-client's multiprocess mode) the demo says no
         exemplars come; with one it says they do."""
-        _print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=2)
+        print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=2)
         several = "\n".join(_printed(capsys))
-        _print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=1)
+        print_prometheus(tmp_path / "prometheus.yml", METRICS, BACKENDS, workers=1)
         one = "\n".join(_printed(capsys))
         assert "no exemplars" in several
         assert "no exemplars" not in one
