@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> None:
         "--html",
         metavar="FILE",
         default=None,
-        help="write one self-contained HTML page (stage table, TTFT and ITL distributions, "
+        help="write one self-contained HTML page (stage table, TTFT, ITL and whole-answer "
+        "distributions, "
         "the slowest trace's waterfall, tokens and cost by tenant) instead",
     )
     parser.add_argument(

@@ -1,11 +1,12 @@
 """``stagelens report --html FILE``: one self-contained page to attach to a ticket.
 
-What it holds: the per-stage table (the same rows as the text report), the TTFT and
-inter-token latency distributions, the slowest trace's waterfall, and tokens and cost by
-tenant. Why self-contained: a page attached to a ticket is opened later, elsewhere, maybe
-offline; so the CSS and the SVG charts are inline, and there is no script and no URL to
-fetch. Why no prompt or completion text: the figures come from ``/metrics`` (no text
-there) and the waterfall shows names, times and token counts only (``stagelens.views.waterfall``).
+What it holds: the per-stage table (the same rows as the text report), the TTFT,
+inter-token latency and whole-answer distributions, the slowest trace's waterfall, and
+tokens and cost by tenant. Why self-contained: a page attached to a ticket is opened
+later, elsewhere, maybe offline; so the CSS and the SVG charts are inline, and there is
+no script and no URL to fetch. Why no prompt or completion text: the figures come from
+``/metrics`` (no text there) and the waterfall shows names, times and token counts only
+(``stagelens.views.waterfall``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class Figures:
     """Time to first answer token (past a reasoning model's thinking)."""
     reasoning: list[ReasoningShare] = field(default_factory=list)
     """Per (model, tenant) that reasoned: output and reasoning tokens."""
+    whole: Histogram | None = None
+    """A non-streamed answer's first byte, sent once it was all generated (never in TTFT)."""
 
 
 def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
@@ -116,6 +119,7 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
         requests=dict(requests),
         ttfat=hists.get((sc.TIME_TO_FIRST_ANSWER_TOKEN, "")),
         reasoning=reasoning_shares(text),
+        whole=hists.get((sc.NON_STREAMED_RESPONSE, "")),
     )
 
 
@@ -274,7 +278,12 @@ def render_page(
         f"</span><br>{_chart(figures.itl, 'inter-token latency')}</div>"
         f'<div><b>Time to first answer token</b> <span class="meta">'
         f"{_quantiles(figures.ttfat)}</span><br>"
-        f"{_chart(figures.ttfat, 'time to first answer token')}</div></div>"
+        f"{_chart(figures.ttfat, 'time to first answer token')}</div>"
+        f'<div><b>Whole answer</b> <span class="meta">{_quantiles(figures.whole)}</span><br>'
+        f"{_chart(figures.whole, 'whole answer')}</div></div>"
+        '<p class="meta">TTFT and the first answer token read streamed answers only; a '
+        "non-streamed answer's first byte is sent once it was all generated, and is read "
+        "as the whole answer.</p>"
         f'<h2>The slowest trace</h2><p class="meta">{escape(trace_note)}</p>{trace_part}'
         f"<h2>Tokens and cost by tenant</h2>{_tenant_table(figures)}"
         f"<h2>Reasoning share by model and tenant</h2>{_reasoning_table(figures)}"

@@ -69,13 +69,14 @@ class _Page(html.parser.HTMLParser):
             self._title.append(data)
 
 
-def _traffic(url: str) -> tuple[dict[str, Usage], int, int]:
+def _traffic(url: str) -> tuple[dict[str, Usage], int, int, int]:
     """Streamed and plain requests for two tenants; the usage vLLM reported to the client
-    per tenant, the number of successful answers, and of those carrying generated text as
-    the client read them (the tiny model samples: an answer may end before any text, and
-    has no first token then)."""
+    per tenant, the number of successful answers, of the streamed ones those carrying
+    generated text as the client read them (the tiny model samples: an answer may end
+    before any text, and has no first token then), and the number of whole (non-streamed)
+    answers."""
     usage = {tenant: Usage() for tenant in KEYS.values()}
-    answered = with_text = 0
+    answered = with_text = whole = 0
     with httpx.Client(base_url=url, timeout=120) as client:
         for i in range(6):
             key = list(KEYS)[i % 2]
@@ -93,12 +94,12 @@ def _traffic(url: str) -> tuple[dict[str, Usage], int, int]:
                 said = "".join(
                     c["delta"].get("content") or "" for e in events for c in e["choices"]
                 )
+                with_text += bool(said)
             else:
                 answer = client.post("/v1/chat/completions", json=body, headers=headers).json()
                 got = answer["usage"]
-                said = answer["choices"][0]["message"].get("content") or ""
+                whole += 1
             answered += 1
-            with_text += bool(said)
             cached = (got.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
             before = usage[KEYS[key]]
             usage[KEYS[key]] = Usage(
@@ -106,7 +107,7 @@ def _traffic(url: str) -> tuple[dict[str, Usage], int, int]:
                 before.output_tokens + got["completion_tokens"],
                 before.cached_input_tokens + cached,
             )
-    return usage, answered, with_text
+    return usage, answered, with_text, whole
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def report(vllm_server, tiny_model, serve_app, otlp_sink, tmp_path_factory) -> d
     try:
         app = create_app(config, telemetry=telemetry)
         with serve_app(app) as url, serve_app(metrics_app(app)) as metrics_url:
-            usage, answered, with_text = _traffic(url)
+            usage, answered, with_text, whole = _traffic(url)
             traces.wait_for(telemetry, answered)
             code = main(
                 [
@@ -158,6 +159,7 @@ def report(vllm_server, tiny_model, serve_app, otlp_sink, tmp_path_factory) -> d
         "usage": usage,
         "answered": answered,
         "with_text": with_text,
+        "whole": whole,
         "spans": otlp_sink.by_trace(),
     }
 
@@ -191,7 +193,8 @@ class TestReportPage:
 
     def test_stage_table_and_ttft_count_every_answer(self, report) -> None:
         """Seven stage rows each counting every request; the TTFT bars add up to the
-        answers that carried generated text, as the client read them."""
+        streamed answers that carried generated text, as the client read them, and the
+        whole-answer bars to the non-streamed answers."""
         rows = {r[0]: r for r in report["page"].rows if r}
         stages = (
             "gateway",
@@ -209,6 +212,8 @@ class TestReportPage:
             assert rows[stage][-1] == "exact" or rows[stage][-1].startswith("±"), stage
         ttft_bars = [t for svg, t in report["page"].titles if svg == "TTFT"]
         assert sum(float(t.rsplit(":", 1)[1]) for t in ttft_bars) == report["with_text"]
+        whole_bars = [t for svg, t in report["page"].titles if svg == "whole answer"]
+        assert sum(float(t.rsplit(":", 1)[1]) for t in whole_bars) == report["whole"] > 0
         assert [t for svg, t in report["page"].titles if svg == "inter-token latency"]
 
     def test_waterfall_is_the_slowest_trace_with_its_spans_times(self, report) -> None:
