@@ -32,6 +32,14 @@ runs that code); it has no server in it, so it is no share of the bench's bare p
 
     .venv/bin/python benchmarks/overhead_bytecodes.py [--variants metrics,tail]
         [--requests 50] [--top 40] [--sampled] [--end-kept] [--instructions]
+        [--api chat|responses|messages] [--events N | --events N,M]
+
+``--api`` asks the Responses or Messages API instead of chat (the upstream streams that
+API's events, as ``overhead.py``'s does); ``--events`` sets the output events an answer
+carries. With ``--instructions --events N,M``, each variant is counted at both, and the
+slope between them is what one more output event costs: the fair comparison of one API's
+event with another's (``overhead_instructions.py``'s slope behind real sockets depends on
+how many events each read of the socket brings, which timing decides).
 """
 
 from __future__ import annotations
@@ -50,9 +58,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from overhead import PROXY
+from overhead import APIS, CHUNKS, PROXY
 from overhead_instructions import VALGRIND, counted
-from overhead_paired import load_proxy, one_request
+from overhead_paired import events_of, load_proxy, one_request
 
 _SAMPLERS = {"metrics": "always_off", "tail": "stagelens_tail", "stagelens": "always_on"}
 _SITE = "site-packages/"
@@ -73,13 +81,15 @@ def _child(variant: str, requests: int, out: Path, proxy: Path) -> None:
     )
     if variant == "tail":
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0"  # fine requests: kept only as asked
-    app = load_proxy(proxy, variant)
+    api = os.environ.get("BENCH_API", "chat")
+    events = events_of(api, int(os.environ.get("BENCH_EVENTS") or CHUNKS))
+    app = load_proxy(proxy, variant, events)
     sampled = bool(os.environ.get("BENCH_BYTECODES_SAMPLED"))
     tracing = not os.environ.get("BENCH_BYTECODES_UNTRACED")  # --instructions: valgrind counts
 
     async def one(seq: int) -> None:
         parent = b"00-%032x-%016x-01" % (seq + 1, seq + 1)
-        await one_request(app, [(b"traceparent", parent)] if sampled else ())
+        await one_request(app, [(b"traceparent", parent)] if sampled else (), api)
 
     counts: Counter[tuple[str, str, int]] = Counter()
 
@@ -115,35 +125,50 @@ def _short(filename: str) -> str:
     return filename.removeprefix(repo)
 
 
-def _instructions(variants: list[str], requests: int, proxy: Path, env: dict[str, str]) -> None:
+def _instructions(
+    variants: list[str], requests: int, proxy: Path, env: dict[str, str], events: list[int]
+) -> None:
     """``--instructions``: each variant's instructions per request, as valgrind counts
     them in two runs of its child (the warm-up alone, then with ``requests`` more), and
-    each one's difference to the first variant's."""
+    each one's difference to the first variant's; with two ``events`` counts, at each, and
+    the slope between them: what one more output event costs, and its difference to the
+    first variant's (what stagelens adds per event, with no chunking in it: the in-memory
+    upstream hands each event over on its own)."""
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
     untraced = {**env, "BENCH_BYTECODES_UNTRACED": "1"}
 
-    def count(variant: str, n: int) -> int:
+    def count(variant: str, chunks: int, n: int) -> int:
         cmd = [*VALGRIND, sys.executable, __file__, "--requests", str(n)]
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             done = subprocess.run(
                 [*cmd, "--child", variant, str(proxy), out.name],
-                env=untraced,
+                env={**untraced, "BENCH_EVENTS": str(chunks)},
                 capture_output=True,
                 text=True,
                 check=True,
             )
         return counted(done.stderr, variant)
 
-    jobs = [(v, n) for v in variants for n in (0, requests)]
+    jobs = [(v, e, n) for e in events for v in variants for n in (0, requests)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: count(*job), jobs), strict=True))
-    per = {v: (counts[(v, requests)] - counts[(v, 0)]) / requests for v in variants}
-    print(f"instructions per request ({requests} requests, valgrind)")
     base = variants[0]
-    for variant in variants:
-        diff = f"  {per[variant] - per[base]:+10.0f} vs {base}" if variant != base else ""
-        print(f"  {variant:12s} {per[variant]:12.0f}{diff}")
+    per: dict[int, dict[str, float]] = {}
+    for e in events:
+        per[e] = {v: (counts[(v, e, requests)] - counts[(v, e, 0)]) / requests for v in variants}
+        print(f"instructions per request ({requests} requests, {e} output events, valgrind)")
+        for variant in variants:
+            value = per[e][variant]
+            diff = f"  {value - per[e][base]:+10.0f} vs {base}" if variant != base else ""
+            print(f"  {variant:12s} {value:12.0f}{diff}")
+    if len(events) == 2:
+        short, long = events
+        print(f"per output event (slope {short} -> {long} events)")
+        slope = {v: (per[long][v] - per[short][v]) / (long - short) for v in variants}
+        for variant in variants:
+            diff = f"  {slope[variant] - slope[base]:+10.0f} vs {base}" if variant != base else ""
+            print(f"  {variant:12s} {slope[variant]:12.0f}{diff}")
 
 
 def main() -> None:
@@ -158,6 +183,12 @@ def main() -> None:
         action="store_true",
         help="count instructions per request under valgrind instead (no trace hook)",
     )
+    parser.add_argument("--api", choices=sorted(APIS), default="chat", help="what is asked")
+    parser.add_argument(
+        "--events",
+        default=str(CHUNKS),
+        help="output events per answer: N, or N,M with --instructions (the per-event slope)",
+    )
     parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -167,7 +198,14 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if not variants or args.requests < 1:
         raise SystemExit("--variants names at least one variant; --requests at least 1")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}  # one string hash layout in every child
+    try:
+        events = sorted({int(e) for e in args.events.split(",") if e})
+    except ValueError:
+        raise SystemExit("--events takes N or N,M (whole numbers)") from None
+    if not events or events[0] < 1 or len(events) > (2 if args.instructions else 1):
+        raise SystemExit("--events takes one count of 1 or more (two with --instructions)")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "BENCH_API": args.api}  # one hash layout
+    env["BENCH_EVENTS"] = str(events[0])
     if args.sampled:
         env["BENCH_BYTECODES_SAMPLED"] = "1"
     if args.end_kept:
@@ -176,7 +214,7 @@ def main() -> None:
         proxy = Path(tmp) / "bench_proxy.py"
         proxy.write_text(PROXY)
         if args.instructions:
-            _instructions(variants, args.requests, proxy, env)
+            _instructions(variants, args.requests, proxy, env, events)
             return
         per: dict[str, dict[tuple[str, str, int], float]] = {}
         for variant in variants:

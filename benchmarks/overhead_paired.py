@@ -33,44 +33,57 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from overhead import CHUNKS, PROXY  # the same proxy code, one definition
+from overhead import APIS, CHUNKS, PROXY, UPSTREAM  # the same programs, one definition
 
 
-def _events() -> list[bytes]:
-    usage = {"prompt_tokens": 300, "completion_tokens": CHUNKS, "total_tokens": 300 + CHUNKS,
-             "prompt_tokens_details": {"cached_tokens": 128}}  # fmt: skip
-    metrics = {"time_to_first_token_ms": 5.0, "generation_time_ms": 20.0, "queue_time_ms": 0.1}
-    out = []
-    for i in range(CHUNKS):
-        choice = {"index": 0, "delta": {"content": f"tok{i} "},
-                  "finish_reason": "length" if i == CHUNKS - 1 else None}  # fmt: skip
-        out.append(json.dumps({"id": "c1", "model": "tiny", "choices": [choice]}))
-    out.append(json.dumps({"id": "c1", "model": "tiny", "choices": [], "usage": usage,
-                           "metrics": metrics}))  # fmt: skip
-    return [f"data: {e}\n\n".encode() for e in out] + [b"data: [DONE]\n\n"]
+def events_of(api: str = "chat", chunks: int = CHUNKS) -> list[bytes]:
+    """The upstream of ``overhead.py`` streaming ``chunks`` content events of ``api``
+    (``overhead.APIS``; chat with its usage event, as the proxy asks), one ``bytes`` per
+    SSE event: its own code run once in memory, so both benchmarks serve the same events."""
+    module = ModuleType("bench_upstream_in_memory")
+    exec(compile(UPSTREAM.replace("CHUNKS", str(chunks)), "bench_upstream", "exec"), vars(module))
+    path, body = APIS[api]
+    if api == "chat":
+        body = {**body, "stream_options": {"include_usage": True}}
+
+    async def fetch() -> bytes:
+        transport = httpx.ASGITransport(app=module.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://upstream") as c:
+            response = await c.post(path, json=body)
+            response.raise_for_status()
+            return response.content
+
+    whole = asyncio.run(fetch())
+    return [event + b"\n\n" for event in whole.split(b"\n\n") if event]
 
 
-EVENTS = _events()
+EVENTS = events_of()
 
 
 class _Stream(httpx.AsyncByteStream):
+    def __init__(self, events: Sequence[bytes]) -> None:
+        self.events = events
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        for event in EVENTS:
+        for event in self.events:
             yield event
 
 
 class _Upstream(httpx.AsyncBaseTransport):
-    """The streaming upstream of ``overhead.py``, in memory."""
+    """The streaming upstream of ``overhead.py``, in memory: each event its own chunk."""
+
+    def __init__(self, events: Sequence[bytes]) -> None:
+        self.events = events
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
         headers = {"content-type": "text/event-stream"}
-        return httpx.Response(200, headers=headers, stream=_Stream())
+        return httpx.Response(200, headers=headers, stream=_Stream(self.events))
 
 
-def load_proxy(path: Path, variant: str) -> Any:
+def load_proxy(path: Path, variant: str, events: Sequence[bytes] = EVENTS) -> Any:
     """The proxy app of ``path`` (``overhead.PROXY``) for ``variant``, its upstream swapped
-    for the in-memory one (also ``overhead_bytecodes.py``'s)."""
+    for the in-memory one serving ``events`` (also ``overhead_bytecodes.py``'s)."""
     os.environ["BENCH_VARIANT"] = variant
     spec = importlib.util.spec_from_file_location(f"bench_proxy_{variant}", path)
     if spec is None or spec.loader is None:
@@ -79,23 +92,18 @@ def load_proxy(path: Path, variant: str) -> Any:
     spec.loader.exec_module(module)
     transport = module.client._transport
     if hasattr(transport, "wrapped"):  # instrumented: keep stagelens' wrapper
-        transport.wrapped = _Upstream()
+        transport.wrapped = _Upstream(events)
     else:
-        module.client._transport = _Upstream()
+        module.client._transport = _Upstream(events)
     return module.app
 
 
-BODY = json.dumps(
-    {"model": "tiny", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
-)
 SCOPE: dict[str, Any] = {
     "type": "http",
     "asgi": {"version": "3.0", "spec_version": "2.3"},
     "http_version": "1.1",
     "method": "POST",
     "scheme": "http",
-    "path": "/v1/chat/completions",
-    "raw_path": b"/v1/chat/completions",
     "query_string": b"",
     "root_path": "",
     "headers": [(b"host", b"proxy"), (b"content-type", b"application/json")],
@@ -104,10 +112,13 @@ SCOPE: dict[str, Any] = {
 }
 
 
-async def one_request(app: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
-    """One streamed chat request straight through the ASGI ``app``, ``headers`` added to
-    the scope's; SystemExit unless it answers 200."""
-    body = BODY.encode()
+async def one_request(
+    app: Any, headers: Sequence[tuple[bytes, bytes]] = (), api: str = "chat"
+) -> None:
+    """One streamed request of ``api`` (``overhead.APIS``) straight through the ASGI
+    ``app``, ``headers`` added to the scope's; SystemExit unless it answers 200."""
+    path, asked = APIS[api]
+    body = json.dumps(asked).encode()
     sent = False
     never = asyncio.Event()
 
@@ -123,7 +134,7 @@ async def one_request(app: Any, headers: Sequence[tuple[bytes, bytes]] = ()) -> 
         if message["type"] == "http.response.start" and message["status"] != 200:
             raise SystemExit(f"proxy answered {message['status']}")
 
-    scope = dict(SCOPE)
+    scope = {**SCOPE, "path": path, "raw_path": path.encode()}
     if headers:
         scope["headers"] = [*SCOPE["headers"], *headers]
     await app(scope, receive, send)

@@ -54,7 +54,7 @@ _NAMES: Final = not plain("agent_names")
 class ApiCall(_UpstreamCall):
     """One instrumented call of an agent API; see the module docstring."""
 
-    __slots__ = ("_api", "_counts", "_error_reason", "_seen_usage", "_thinking")
+    __slots__ = ("_api", "_counts", "_error_reason", "_seen_usage", "_think_at", "_thinking")
 
     _asks_usage = False
 
@@ -73,8 +73,11 @@ class ApiCall(_UpstreamCall):
         self._seen_usage: Usage | None = None
         """Usage before the final one (the input the engine counted)."""
         self._error_reason: str | None = None
-        self._thinking = 0
-        """1 when the learned prefix (``_learned``) is of thinking events, else 0."""
+        self._thinking = False
+        """The learned prefix (``_learned``) is of thinking events."""
+        self._think_at = 0
+        """How many marks ``_into`` held when the thinking events read from the prefix
+        were last counted into ``_reasoning`` (``_fold_thinking``)."""
         super().__init__(telemetry, state, payload, operation, request)
 
     def read(self, chunk: bytes) -> bytes:
@@ -85,7 +88,9 @@ class ApiCall(_UpstreamCall):
         is one output event of the kind of an earlier one, and differs from it only from
         its output value on. A chunk that begins with ``_learned`` (an earlier output
         event's bytes up to its value, proved to decide the event's kind by
-        ``_api_facts.learned_prefix``) is counted and marked unparsed. Its plain twin is
+        ``_api_facts.learned_prefix``) is marked unparsed, and that is all: the marks are
+        the output count, and the thinking ones among them are counted when the prefix
+        may change or the stream ends (``_fold_thinking``), not one by one. Its plain twin is
         ``read_plainly`` (every event parsed); tests/instrumentation/test_agent_streams.py
         holds them equal.
 
@@ -106,7 +111,6 @@ class ApiCall(_UpstreamCall):
                     and 13 not in line  # no CR: it ends an SSE line too
                 ):
                     self._into.append(len(self._sent))  # marked, so counted (``outputs``)
-                    self._reasoning += self._thinking
                     return chunk
         out = self._read_named(chunk)
         # Read from the prefix again only at an event's start, and while reading.
@@ -185,7 +189,6 @@ class ApiCall(_UpstreamCall):
             rest = event.removeprefix(prefix)
             if rest is not event and rest and rest[0] != 34 and 10 not in rest and 13 not in rest:
                 self._into.append(len(self._sent))
-                self._reasoning += self._thinking
                 return
         name = name_fast(event) if skip else name_of(event)
         if skip and name is not None and not self._api.reads(name):
@@ -220,6 +223,22 @@ class ApiCall(_UpstreamCall):
             facts.outputs, facts.reasoning = [], []
         return facts
 
+    def _outputs(self, facts: EventFacts) -> None:
+        """A parsed event's output (``EventReader._outputs``): the thinking events read
+        from the prefix before it counted first, so that its own marks are not."""
+        self._fold_thinking()
+        super()._outputs(facts)
+        self._think_at = len(self._into)
+
+    def _fold_thinking(self) -> None:
+        """Count into ``_reasoning`` the thinking events read from the learned prefix since
+        the last count: each added one mark to ``_into`` (and nothing else did, since
+        ``_outputs`` moves ``_think_at`` past a parsed event's marks)."""
+        if self._thinking:
+            marks = len(self._into)
+            self._reasoning += marks - self._think_at
+            self._think_at = marks
+
     def _learn(self, event: bytes, facts: ApiFacts) -> None:
         """Learn the prefix of one output event's bytes (in a request only: a prefix
         marks, and outside one nothing is marked)."""
@@ -229,8 +248,9 @@ class ApiCall(_UpstreamCall):
         kind = ANSWER if facts.answers else REASONING
         prefix = self._api.prefix_of(event, kind) if 13 not in event else None
         if prefix is not None:
-            self._learned, self._thinking = prefix, int(kind == REASONING)
+            self._learned, self._thinking = prefix, kind == REASONING
             self._into, self._sent = marks, sends
+            self._think_at = len(marks)
 
     def take(self, facts: EventFacts) -> None:
         """Apply an event's facts beyond output (``_UpstreamCall.take``), and what only
@@ -276,6 +296,7 @@ class ApiCall(_UpstreamCall):
         """The chat call's metering; a stream cut before its final usage is billed the
         input its API said before (the engine's own count), or the request's text
         estimated as its API writes it, and the output received."""
+        self._fold_thinking()
         usage, billing, counted = super()._metered(answered)
         if billing != sc.BILLING_ESTIMATED or usage is None:
             return usage, billing, counted
