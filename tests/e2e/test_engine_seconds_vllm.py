@@ -195,18 +195,22 @@ async def test_three_tenants_share_the_engines_time_and_nothing_is_lost(
     one (a computes twice b's tokens in every step); tenant c sends long prompts that share
     a prefix (cache hits after the first) with short answers, beside them. Over the run:
     the tenants' shares (as the gateway counted them) plus the engine's idle time are the
-    test's wall time within 2 %; the engine's busy time is the union of the requests'
-    engine intervals (vLLM's own timings, placed on the test's clock) within 2 % of the
-    wall time; a gets twice b's time within 10 %; the plugin's own per-tenant series agree
-    with the gateway's."""
+    test's wall time within 2 % (and the time the engine's two scrapes took, half each: its
+    counters were read at an unknown moment of each); the engine's busy time is the union
+    of the requests' engine intervals (vLLM's own timings, placed on the test's clock)
+    within 2 % of the wall time; a gets twice b's time within 10 %; the plugin's own
+    per-tenant series agree with the gateway's."""
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as client:
         await _chat(client, "sk-solo", _prompt(20), 8)  # the first request warms vLLM up
         await _settle()
         scraped = time.monotonic()
         before_engine = _engine_readings(engine_server)
+        read = time.monotonic()
+        # The engine's counters were read at some moment of the scrape: its middle is off
+        # by at most half the scrape's time, which the sums below are allowed on top.
+        started, started_ns = (scraped + read) / 2, time.time_ns()
+        unsure = (read - scraped) / 2
         before = {t: _gateway_seconds(gateway, t) for t in KEYS.values()}
-        started, started_ns = time.monotonic(), time.time_ns()
-        started = (scraped + started) / 2  # when the engine's counters were read
         shared = _prompt(250)  # tenant c's common prefix (~1200 tokens), cached after the first
 
         async def pairs() -> list[dict[str, Any]]:
@@ -232,7 +236,8 @@ async def test_three_tenants_share_the_engines_time_and_nothing_is_lost(
         await _settle()
         ended = time.monotonic()
         after_engine = _engine_readings(engine_server)
-        ended = (ended + time.monotonic()) / 2
+        read = time.monotonic()
+        ended, unsure = (ended + read) / 2, unsure + (read - ended) / 2
     wall = ended - started
     shares = {t: _gateway_seconds(gateway, t) - before[t] for t in KEYS.values()}
     engine = {
@@ -247,11 +252,11 @@ async def test_three_tenants_share_the_engines_time_and_nothing_is_lost(
     report = (
         f"wall {wall:.3f} s, shares {attributed:.3f} ({shares}), idle {idle:.3f}, "
         f"busy {busy:.3f}, vLLM's busy {measured_busy:.3f}, preempted "
-        f"{engine[sc.ENGINE_PREEMPTED_SECONDS]:.3f}"
+        f"{engine[sc.ENGINE_PREEMPTED_SECONDS]:.3f}, the scrapes' moments unsure by {unsure:.3f}"
     )
     print(report)
-    assert attributed + idle == pytest.approx(wall, rel=0.02), report
-    assert busy + idle == pytest.approx(wall, rel=0.02), report
+    assert abs(attributed + idle - wall) <= 0.02 * wall + unsure, report
+    assert abs(busy + idle - wall) <= 0.02 * wall + unsure, report
     assert abs(busy - measured_busy) <= 0.02 * wall, report
     assert shares["tenant-a"] / shares["tenant-b"] == pytest.approx(2.0, rel=0.10), report
     for tenant in ("tenant-a", "tenant-b", "tenant-c"):
