@@ -34,6 +34,11 @@ runs that code); it has no server in it, so it is no share of the bench's bare p
         [--requests 50] [--top 40] [--sampled] [--end-kept] [--instructions]
         [--api chat|responses|messages] [--events N | --events N,M]
 
+A variant named ``VARIANT~NAME`` (``--instructions`` only) runs ``VARIANT`` with the
+shortcuts ``NAME`` (``+``-joined, or ``all``) replaced by their plain twins
+(``stagelens._plain``): its difference to ``VARIANT`` is what those shortcuts save, with
+none of the socket benchmark's noise from process to process.
+
 ``--api`` asks the Responses or Messages API instead of chat (the upstream streams that
 API's events, as ``overhead.py``'s does); ``--events`` sets the output events an answer
 carries. With ``--instructions --events N,M``, each variant is counted at both, and the
@@ -140,10 +145,14 @@ def _instructions(
 
     def count(variant: str, chunks: int, n: int) -> int:
         cmd = [*VALGRIND, sys.executable, __file__, "--requests", str(n)]
+        base, _, plain = variant.partition("~")  # variant~NAME: NAME's shortcuts plain
+        child_env = {**untraced, "BENCH_EVENTS": str(chunks)}
+        if plain:
+            child_env["STAGELENS_PLAIN"] = plain.replace("+", ",")  # read by stagelens._plain
         with tempfile.NamedTemporaryFile(suffix=".json") as out:
             done = subprocess.run(
-                [*cmd, "--child", variant, str(proxy), out.name],
-                env={**untraced, "BENCH_EVENTS": str(chunks)},
+                [*cmd, "--child", base, str(proxy), out.name],
+                env=child_env,
                 capture_output=True,
                 text=True,
                 check=True,
