@@ -23,10 +23,9 @@ from stagelens.reference.flow import (
     BODY_BYTES_KEY,
     OFF_LOOP_BYTES,
     REQUEST_KEY,
-    TENANT_KEY,
     Lease,
-    _name_model,
     affinity_key,
+    begin,
     send,
     upstream_rejection,
 )
@@ -35,7 +34,7 @@ from stagelens.reference.relay import RelayResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from stagelens import Rejected, Stage, current_request, stage
+from stagelens import Rejected, Stage, stage
 
 if TYPE_CHECKING:
     from stagelens.reference.app import Gateway
@@ -47,12 +46,7 @@ PATHS: Final = {"responses": "/v1/responses", "messages": "/v1/messages"}
 async def agent(gateway: Gateway, request: Request, api: str) -> Response:
     """A Responses (``api="responses"``) or Messages (``"messages"``) request through the
     stages after the gateway's; the answer relayed (streamed) or post-processed (not)."""
-    req, raw = request.scope[REQUEST_KEY]
-    tenant = str(request.scope.get(TENANT_KEY, "other"))
-    pool = _name_model(gateway, req.model)
-    state = current_request()
-    if req.streaming and state is not None:
-        state.set_streamed()  # a stream refused before its call still counts for TTFT
+    req, raw, tenant, pool = begin(gateway, request)
     lease = Lease()
     handed_over = False
     path = PATHS[api]

@@ -147,12 +147,7 @@ async def tokenize(
 async def complete(gateway: Gateway, request: Request, *, chat: bool) -> Response:
     """Chat or text completion through the load balancer, tokenizer, router and inference
     stages; the answer relayed (streamed) or post-processed (not)."""
-    req, raw = request.scope[REQUEST_KEY]
-    tenant = str(request.scope.get(TENANT_KEY, "other"))
-    pool = _name_model(gateway, req.model)
-    state = current_request()
-    if req.streaming and state is not None:
-        state.set_streamed()  # a stream refused before its call still counts for TTFT
+    req, raw, tenant, pool = begin(gateway, request)
     lease = Lease()
     handed_over = False
     try:
@@ -249,26 +244,35 @@ async def _admit(
     return pool, prefix, prompt_tokens
 
 
-def _name_model(gateway: Gateway, model: str) -> Pool | None:
-    pool = gateway.router.pools.get(model)
+def begin(
+    gateway: Gateway, request: Request, *, tokenless: bool = False
+) -> tuple[Any, dict[str, Any], str, Pool | None]:
+    """What every generation route reads first: the request as the body check parsed it
+    and its raw body, the tenant the key check found, and the pool serving its model (None:
+    no such model, refused at admission). The request's record learns what it is now,
+    before anything can refuse it: its model (only a model the router serves names the
+    metric series; any other name keeps the default label, so random model names cannot
+    create new series), a stream (a stream refused before its call still counts for TTFT)
+    or an answer with no tokens (``tokenless``: no first token, no output)."""
+    req, raw = request.scope[REQUEST_KEY]
+    tenant = str(request.scope.get(TENANT_KEY, "other"))
+    pool = gateway.router.pools.get(req.model)
     state = current_request()
-    if pool is not None and state is not None:
-        # Only a model the router serves names the metric series; any other name keeps the
-        # default label, so random model names cannot create new series.
-        state.set_model(model)
-    return pool
+    if state is not None:
+        if pool is not None:
+            state.set_model(req.model)
+        if tokenless:
+            state.set_tokenless()
+        elif req.streaming:
+            state.set_streamed()
+    return req, raw, tenant, pool
 
 
 async def embed(gateway: Gateway, request: Request) -> Response:
     """Embeddings through the same stages, sent to an embedding pool; the inference stage
     is the instrumented client's ``embeddings {model}`` span, and the answer has no first
     token (no TTFT) and no output tokens."""
-    req, raw = request.scope[REQUEST_KEY]
-    tenant = str(request.scope.get(TENANT_KEY, "other"))
-    pool = _name_model(gateway, req.model)
-    state = current_request()
-    if state is not None:
-        state.set_tokenless()
+    req, raw, tenant, pool = begin(gateway, request, tokenless=True)
     lease = Lease()
     try:
         pool, prefix, prompt_tokens = await _admit(gateway, request, req, raw, pool, lease, "embed")
