@@ -39,8 +39,9 @@ SHORTCUTS: Final = {
     "one by one (stagelens/metrics/series.py FastHistogram.observe_many)",
     "agent_prefix": "an agent API's (Responses, Messages) output chunk matched by the bytes of "
     "an earlier one up to its value (instrumentation/_api_call.py, ApiCall.read)",
-    "agent_names": "an agent API's events whose name says nothing the reader uses left "
-    "unparsed (instrumentation/_api_call.py, ApiCall._read_named)",
+    "agent_names": "an agent API's chunk of one two-line event read from its lines' bytes, "
+    "left unparsed when its name says nothing the reader uses, and a chunk of several "
+    "split at its blank lines (instrumentation/_api_call.py, ApiCall._read_named)",
 }
 """Every shortcut that has a switch, by name: what it does and where."""
 
