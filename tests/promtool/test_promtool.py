@@ -3,10 +3,13 @@ check that the alert suites cover every rule the way their header says."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,21 +202,52 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 SUITES = sorted(p.name for p in HERE.glob("*_test.yaml"))
-_suite_runs: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+Run = subprocess.CompletedProcess[str]
+_POOL = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+"""Runs promtool as many at once as there are cores (one promtool uses about one core):
+the suites take minutes each, one after the other."""
+_runs: dict[tuple[str, str], Future[Run]] = {}
 
 
-def _suite_run(suite: str) -> subprocess.CompletedProcess[str]:
-    """``promtool test rules SUITE``. The first call starts every suite, as many at once as
-    there are cores, each in its own process (one promtool uses about one core), longest
-    first; each test then waits for its own: the suites take minutes each, one after the
-    other."""
-    if not _suite_runs:
-        pool = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+def _started(kind: str, name: str, jobs: Callable[[], dict[str, Callable[[], Run]]]) -> Run:
+    """The run of job ``name`` of ``kind``. The first call of a kind starts all its jobs
+    in the pool, longest first as ``jobs`` lists them; each test then waits for its own."""
+    if not any(started == kind for started, _ in _runs):
+        for job, run in jobs().items():
+            _runs[(kind, job)] = _POOL.submit(run)
+    return _runs[(kind, name)].result()
+
+
+def _suite_run(suite: str) -> Run:
+    """``promtool test rules SUITE`` (the suites beside this file)."""
+
+    def jobs() -> dict[str, Callable[[], Run]]:
         longest_first = sorted(SUITES, key=lambda name: -(HERE / name).stat().st_size)
-        for name in longest_first:
-            _suite_runs[name] = pool.submit(_promtool, "test", "rules", name)
-        pool.shutdown(wait=False)
-    return _suite_runs[suite].result()
+        return {name: lambda name=name: _promtool("test", "rules", name) for name in longest_first}
+
+    return _started("suite", suite, jobs)
+
+
+_SCRATCH = Path(tempfile.mkdtemp(prefix="stagelens-promtool-"))
+atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+
+
+def _test_run(kind: str, name: str, suites: Callable[[], dict[str, dict[str, Any]]]) -> Run:
+    """``promtool test rules`` on the suite ``suites()[name]``, written to a file of its
+    own; every suite of ``kind`` started at its first call."""
+
+    def run(index: int, suite: dict[str, Any]) -> Run:
+        path = _SCRATCH / f"{kind}-{index}_test.yaml"
+        path.write_text(yaml.safe_dump(suite, sort_keys=False), encoding="utf-8")
+        return _promtool("test", "rules", str(path))
+
+    def jobs() -> dict[str, Callable[[], Run]]:
+        return {
+            job: lambda i=i, suite=suite: run(i, suite)
+            for i, (job, suite) in enumerate(suites().items())
+        }
+
+    return _started(kind, name, jobs)
 
 
 class TestPromtool:
@@ -266,6 +300,19 @@ def finding_groups() -> list[dict[str, Any]]:
     return groups
 
 
+def _finding_suites() -> dict[str, dict[str, Any]]:
+    """Each finding group alone, against the rules before the first review."""
+    return {
+        group["name"]: {
+            "rule_files": [str(BASELINE / RULES_FILE), str(BASELINE / ALERTS_FILE)],
+            "evaluation_interval": "1m",
+            "group_eval_order": list(BASELINE_ORDER),
+            "tests": [group],
+        }
+        for group in finding_groups()
+    }
+
+
 class TestFindings:
     def test_every_numbered_finding_has_a_case(self) -> None:
         """Findings 1-10 (the rules' findings of the first on-call review) each have a
@@ -275,26 +322,10 @@ class TestFindings:
 
     @needs_promtool
     @pytest.mark.parametrize("group", finding_groups(), ids=lambda g: g["name"])
-    def test_finding_fails_on_the_rules_before_the_fix(
-        self, group: dict[str, Any], tmp_path: Path
-    ) -> None:
+    def test_finding_fails_on_the_rules_before_the_fix(self, group: dict[str, Any]) -> None:
         """Each finding case fails on the rules as they were: it shows the finding, and the
         committed rules (test_unit_suite_passes) fix it."""
-        suite = {
-            "rule_files": [str(BASELINE / RULES_FILE), str(BASELINE / ALERTS_FILE)],
-            "evaluation_interval": "1m",
-            "group_eval_order": list(BASELINE_ORDER),
-            "tests": [group],
-        }
-        path = tmp_path / "baseline_test.yaml"
-        path.write_text(yaml.safe_dump(suite, sort_keys=False), encoding="utf-8")
-        result = subprocess.run(
-            [PROMTOOL, "test", "rules", str(path)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-        )
+        result = _test_run("findings", group["name"], _finding_suites)
         output = result.stdout + result.stderr
         assert result.returncode == 1, output
         assert "FAILED:" in output
@@ -316,29 +347,30 @@ def rule_cases() -> list[dict[str, Any]]:
     return [g for g in round_two_cases() if _case(g) not in GATEWAY_CASES]
 
 
-def _fails_on(rules: Path, group: dict[str, Any], tmp_path: Path) -> str:
-    """promtool's output for ``group`` run against the rule files in ``rules``, in the group
-    order of the suite (groups a baseline lacks are left out of it)."""
+def _baseline_suite(rules: Path, group: dict[str, Any]) -> dict[str, Any]:
+    """A suite of ``group`` alone against the rule files in ``rules``, in the group order
+    of the second review's suite (groups a baseline lacks are left out of it)."""
     suite: dict[str, Any] = yaml.safe_load(ROUND_TWO.read_text(encoding="utf-8"))
     files = [rules / RULES_FILE, rules / ALERTS_FILE]
     present = {
         g["name"] for f in files for g in yaml.safe_load(f.read_text(encoding="utf-8"))["groups"]
     }
-    test = {
+    return {
         "rule_files": [str(f) for f in files],
         "evaluation_interval": suite["evaluation_interval"],
         "group_eval_order": [g for g in suite["group_eval_order"] if g in present],
         "tests": [group],
     }
-    path = tmp_path / "baseline_test.yaml"
-    path.write_text(yaml.safe_dump(test, sort_keys=False), encoding="utf-8")
-    result = subprocess.run(
-        [PROMTOOL, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+
+
+def _fails_on(rules: Path, group: dict[str, Any]) -> str:
+    """promtool's output for ``group`` run against the rule files in ``rules`` (every rule
+    case against the same rules started at once)."""
+
+    def suites() -> dict[str, dict[str, Any]]:
+        return {g["name"]: _baseline_suite(rules, g) for g in rule_cases()}
+
+    result = _test_run(f"round two on {rules.name}", group["name"], suites)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output
     return output
@@ -352,11 +384,9 @@ class TestRoundTwo:
 
     @needs_promtool
     @pytest.mark.parametrize("group", rule_cases(), ids=lambda g: g["name"][:60])
-    def test_case_fails_on_the_rules_before_the_fix(
-        self, group: dict[str, Any], tmp_path: Path
-    ) -> None:
+    def test_case_fails_on_the_rules_before_the_fix(self, group: dict[str, Any]) -> None:
         """Each case fails on the rules as they were (baseline_round2/): it shows what misled
         the on-call, and the committed rules (test_unit_suite_passes) fix it."""
-        output = _fails_on(BASELINE_ROUND_TWO, group, tmp_path)
+        output = _fails_on(BASELINE_ROUND_TWO, group)
         assert "FAILED:" in output
         assert "parse error" not in output
