@@ -207,6 +207,8 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     if not variants or args.requests < 1:
         raise SystemExit("--variants names at least one variant; --requests at least 1")
+    if not args.instructions and any("~" in v for v in variants):
+        raise SystemExit("a variant with plain shortcuts (VARIANT~NAME) needs --instructions")
     try:
         events = sorted({int(e) for e in args.events.split(",") if e})
     except ValueError:
