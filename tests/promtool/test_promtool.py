@@ -211,7 +211,7 @@ _runs: dict[tuple[str, str], Future[Run]] = {}
 
 def _started(kind: str, name: str, jobs: Callable[[], dict[str, Callable[[], Run]]]) -> Run:
     """The run of job ``name`` of ``kind``. The first call of a kind starts all its jobs
-    in the pool, longest first as ``jobs`` lists them; each test then waits for its own."""
+    in the pool, in the order ``jobs`` lists them; each test then waits for its own."""
     if not any(started == kind for started, _ in _runs):
         for job, run in jobs().items():
             _runs[(kind, job)] = _POOL.submit(run)
@@ -222,8 +222,8 @@ def _suite_run(suite: str) -> Run:
     """``promtool test rules SUITE`` (the suites beside this file)."""
 
     def jobs() -> dict[str, Callable[[], Run]]:
-        longest_first = sorted(SUITES, key=lambda name: -(HERE / name).stat().st_size)
-        return {name: lambda name=name: _promtool("test", "rules", name) for name in longest_first}
+        largest_first = sorted(SUITES, key=lambda name: -(HERE / name).stat().st_size)
+        return {name: lambda name=name: _promtool("test", "rules", name) for name in largest_first}
 
     return _started("suite", suite, jobs)
 
