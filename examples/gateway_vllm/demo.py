@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     from stagelens.reference import GatewayConfig, demo_config
     from stagelens.reference.config import DEMO_API_KEY
     from stagelens.reference.demo_extras import BESIDE_NICENESS, Beside, Extra
-    from stagelens.reference.vllm_server import Supervisor, VllmServer
+    from stagelens.reference.vllm_server import Supervisor, VllmServer, running
 
     model, parser = args.model, args.tool_call_parser
     if model is None:
@@ -233,10 +233,10 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
     # Each context stops what it started in its finally, however we leave (signal included).
     # The extras start once the chat backend serves: on a small machine they would slow its
     # start, and the first table needs only it.
-    with Beside(extras, say=_say) as beside, _started(servers):
-        progress = _progress(f"waiting for {chat}")
-        for server in servers:
-            server.wait_ready(timeout=900, progress=progress)
+    with (
+        Beside(extras, say=_say) as beside,
+        running(servers, timeout=900, progress=_progress(f"waiting for {chat}")),
+    ):
         print()
         beside.start()
         traces = _start_traces(args)
@@ -252,18 +252,6 @@ def _run(args: argparse.Namespace, stopping: threading.Event) -> int:
         finally:
             traces.stop()
     return 0
-
-
-@contextlib.contextmanager
-def _started(servers: list[Any]) -> Iterator[None]:
-    """Start ``servers`` (returns at once); stop them on exit."""
-    try:
-        for server in servers:
-            server.start()
-        yield
-    finally:
-        for server in servers:
-            server.stop()
 
 
 def _thinkers(args: argparse.Namespace, logs: Path, port: int) -> list[Any]:
