@@ -178,7 +178,10 @@ class TestDemoTrace:
             trace_id, lines = _run_demo_traffic(traces, vllm_server, tiny_model, serve_app, 6)
             assert trace_id is not None
             labels = {r["label"].strip().split(" ")[0] for r in _parse_rows(lines)}
-            assert labels >= set(STAGES) | set(PHASES)
+            header = next(line for line in lines if line.startswith("trace "))
+            # vLLM's Messages answers carry no engine timings: no phases under their inference.
+            phased = header.split()[3] != "/v1/messages"
+            assert labels >= set(STAGES) | (set(PHASES) if phased else set()), "\n".join(lines)
             assert any("stagelens trace --list --source" in line for line in lines)
 
             source = traces.receiver.url
