@@ -207,8 +207,6 @@ def stat_panel(
         panel = panel.with_target(_target(expr, legend, ref, instant=True))
     if links:
         panel = panel.links(panel_links(links))
-    if links:
-        panel = panel.links(panel_links(links))
     return panel
 
 

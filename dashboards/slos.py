@@ -12,6 +12,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard as DashboardModel
 from stagelens.dashboards.common import (
     LATENCY_EXEMPLARS,
     MODEL,
+    WHERE,
     base,
     class_threshold_lines,
     quantile,
@@ -26,7 +27,7 @@ from stagelens.dashboards.panels import (
 
 from stagelens import semconv as sc
 from stagelens.metrics.buckets import TTFT_BUCKETS, TTFT_RANGE
-from stagelens.slo.alert_rules import BURN_ALERTS
+from stagelens.slo.alert_rules import ALERT_METRICS_SPLIT, BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
 from stagelens.slo.recording_rules import (
     BUDGET_REMAINING_RECORD,
@@ -153,9 +154,37 @@ def slos(cfg: SloConfig) -> DashboardModel:
                 ],
                 steps=NEUTRAL,
                 decimals=0,
-                width=12,
+                width=8,
                 description="Availability counts every request a client waited for; TTFT and "
                 "goodput the streamed ones; ITL streams with two or more tokens.",
+            )
+        )
+        .with_panel(
+            stat_panel(
+                "Gateway processes with split metrics",
+                "short",
+                [
+                    (
+                        # 0 for a gateway job whose requests are counted and none is split.
+                        f"count by (job) ({sc.METRICS_SPLIT}{{{WHERE}}})\nor\n"
+                        f"0 * count by (job) ({sc.REQUESTS}{{{MODEL}}})",
+                        "{{job}}",
+                    )
+                ],
+                steps=((None, "green"), (1, "red")),
+                decimals=0,
+                width=4,
+                links=[
+                    (
+                        f"Runbook: {ALERT_METRICS_SPLIT}",
+                        runbook_url(cfg, ALERT_METRICS_SPLIT),
+                    )
+                ],
+                description="Per gateway job, the scrape targets whose process is one of "
+                "several workers of one server (uvicorn --workers, gunicorn -w) without "
+                "PROMETHEUS_MULTIPROC_DIR: each scrape there reads one worker's counts, so "
+                "every figure on this board is wrong for that job while this is above 0 "
+                f"({sc.METRICS_SPLIT}; {ALERT_METRICS_SPLIT} opens a ticket).",
             )
         )
         .with_panel(

@@ -29,6 +29,7 @@ ALERT_TRAFFIC_STOPPED: Final = "StagelensTrafficStopped"
 ALERT_SLI_COUNTERS_ABSENT: Final = "StagelensSLICountersAbsent"
 ALERT_TARGET_DOWN: Final = "StagelensTargetDown"
 ALERT_TARGET_VANISHED: Final = "StagelensTargetVanished"
+ALERT_METRICS_SPLIT: Final = "StagelensMetricsSplit"
 
 DASHBOARD_REQUEST_PATH: Final = "stagelens-request-path"
 DASHBOARD_TOKENS_COST: Final = "stagelens-tokens-cost"
@@ -63,6 +64,7 @@ ALL_ALERTS: Final[tuple[str, ...]] = (
     ALERT_TARGET_VANISHED,
     ALERT_SPANS_DROPPED,
     ALERT_TELEMETRY_ERRORS,
+    ALERT_METRICS_SPLIT,
     ALERT_GPU_COLLECTOR_DOWN,
 )
 """Every alert name; each has one section in alerts/runbook.md."""

@@ -236,7 +236,8 @@ class SloConfig(BaseModel):
     gone this long (a namespace retired on purpose: silence it, or it resolves then)."""
     gateway_absent_for: str = "2m"
     self_monitoring_for: str = "15m"
-    """Spans dropped, telemetry errors: how long they must go on before a ticket."""
+    """Spans dropped, telemetry errors, metrics split across workers: how long they must go
+    on before a ticket."""
     gpu_collector_down_for: str = "10m"
     billing_drift_threshold: float = Field(default=0.05, gt=0, lt=1)
     """Share of generated output tokens left unbilled (or billed but not generated) that

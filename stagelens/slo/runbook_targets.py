@@ -220,6 +220,29 @@ def self_entries(cfg: SloConfig) -> list[Entry]:
             actions=("Read the process log: the first failure of each component is logged once.",),
         ),
         Entry(
+            alert=ar.ALERT_METRICS_SPLIT,
+            meaning=(
+                f"A job's gateway runs as several workers of one server (uvicorn `--workers`, "
+                "gunicorn `-w`) without `PROMETHEUS_MULTIPROC_DIR`, seen for "
+                f"{cfg.self_monitoring_for}: every worker reports {sc.METRICS_SPLIT}, and "
+                "each scrape reads only the counts of the worker that answered it."
+            ),
+            impact="Counters jump back and forth between scrapes and rate() sees resets: the "
+            "SLIs, burn rates and costs of that job are wrong (requests are served).",
+            promql=(
+                f"max by (job, instance, {sc.LABEL_SERVER}, {sc.LABEL_WORKERS}) "
+                f"({sc.METRICS_SPLIT})",
+            ),
+            traceql=f"{{ {SERVICE} }}",
+            panels=((SLOS, "Gateway processes with split metrics"),),
+            actions=(
+                "Set `PROMETHEUS_MULTIPROC_DIR` to an empty directory before the server starts "
+                "(and, with gunicorn, mark dead workers in its `child_exit` hook): "
+                "docs/instrumenting.md, section Several workers. Or run one worker per pod "
+                "and scale with replicas.",
+            ),
+        ),
+        Entry(
             alert=ar.ALERT_GPU_COLLECTOR_DOWN,
             meaning=(
                 f"stagelens_gpu_collector_up was 0 for {cfg.gpu_collector_down_for} on an "

@@ -10,6 +10,7 @@ from stagelens.slo.alert_names import (
     ALERT_BACKEND_DOWN,
     ALERT_GATEWAY_ABSENT,
     ALERT_GPU_COLLECTOR_DOWN,
+    ALERT_METRICS_SPLIT,
     ALERT_NO_BACKEND_UP,
     ALERT_SLI_COUNTERS_ABSENT,
     ALERT_SPANS_DROPPED,
@@ -228,6 +229,25 @@ def self_alerts(cfg: SloConfig) -> list[Rule]:
                 f"{cfg.self_monitoring_for}; serving goes on, some figures are missing."
             ),
             dashboard=DASHBOARD_REQUEST_PATH,
+        ),
+        alert_rule(
+            cfg,
+            ALERT_METRICS_SPLIT,
+            # The series exists only while split, on every worker: whichever one a scrape
+            # reaches reports it, so it is steady. Not keyed on the worker count, which moves
+            # while a server replaces or adds workers.
+            f"max by ({job}, {sc.LABEL_SERVER}) ({sc.METRICS_SPLIT}) > 0",
+            cfg.self_monitoring_for,
+            "ticket",
+            f"{{{{ $labels.job }}}}{WHERE} answers /metrics from one of several workers",
+            (
+                "{{ $labels.job }}" + WHERE + " runs as several {{ $labels.server }} workers "
+                "without PROMETHEUS_MULTIPROC_DIR, for "
+                f"{cfg.self_monitoring_for}: each scrape reads the counters of whichever worker "
+                "answered it, so counters jump back and forth, rate() sees resets and every "
+                "SLO ratio and burn rate there is wrong."
+            ),
+            dashboard=DASHBOARD_SLOS,
         ),
         alert_rule(
             cfg,
