@@ -188,3 +188,63 @@ class TestReasoningShare:
         assert "Reasoning share by model and tenant" in page
         assert "<td>tiny-think</td><td>acme</td><td>200</td><td>150</td><td>75.0%" in page
         assert 'Time to first answer token</b> <span class="meta">4 samples' in page
+
+
+ENGINE_METRICS = """\
+# TYPE stagelens_tokens_total counter
+stagelens_tokens_total{model="tiny",tenant="acme",type="output"} 100.0
+stagelens_tokens_total{model="big",tenant="acme",type="output"} 50.0
+stagelens_tokens_total{model="tiny",tenant="beta",type="output"} 10.0
+stagelens_tokens_total{model="tiny",tenant="gamma",type="output"} 5.0
+# TYPE stagelens_cost_usd_total counter
+stagelens_cost_usd_total{model="tiny",tenant="acme",backend="a"} 0.3
+stagelens_cost_usd_total{model="tiny",tenant="beta",backend="a"} 0.1
+# TYPE stagelens_engine_seconds_total counter
+stagelens_engine_seconds_total{model="tiny",tenant="acme"} 1.5
+stagelens_engine_seconds_total{model="big",tenant="acme"} 0.5
+stagelens_engine_seconds_total{model="tiny",tenant="beta"} 6.0
+"""
+
+
+class _Rows(html.parser.HTMLParser):
+    """The cells' text of every table row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.cell is not None:
+            self.rows[-1].append("".join(self.cell).strip())
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+class TestTenantEngineTime:
+    """The tenant table shows the engine seconds beside the price table's cost."""
+
+    def test_engine_seconds_per_tenant_summed_over_models_with_their_share(self) -> None:
+        """acme's two models add up (2 s of 8, 25 %), beta holds 75 % and comes first (most
+        engine time), gamma's engine sent no figure: '-' (not 0, which would be a claim)."""
+        page = render_page(
+            read_figures(ENGINE_METRICS), None, metrics_source="http://gw/metrics", trace_note=""
+        )
+        parsed = _Rows()
+        parsed.feed(page)
+        head = next(r for r in parsed.rows if r and r[0] == "tenant")
+        assert head[-2:] == ["engine s", "share of engine time"]
+        rows = [r for r in parsed.rows if r and r[0] in ("acme", "beta", "gamma")]
+        assert [r[0] for r in rows] == ["beta", "acme", "gamma"]
+        assert [r[-2:] for r in rows] == [["6.000", "75.0%"], ["2.000", "25.0%"], ["-", "-"]]
+        assert [r[3] for r in rows] == ["10", "150", "5"]
+        assert [r[4] for r in rows] == ["$0.100000", "$0.300000", "$0.000000"]

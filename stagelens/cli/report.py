@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
         metavar="FILE",
         default=None,
         help="write one self-contained HTML page (stage table, TTFT, ITL and whole-answer "
-        "distributions, the slowest trace's waterfall, tokens and cost by tenant) instead",
+        "distributions, the slowest trace's waterfall, tokens, cost and engine time by "
+        "tenant) instead",
     )
     parser.add_argument(
         "--traces",

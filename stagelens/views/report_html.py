@@ -2,8 +2,8 @@
 
 What it holds: the per-stage table (the same rows as the text report), the TTFT,
 inter-token latency and whole-answer distributions, the slowest trace's waterfall, and
-tokens and cost by tenant. Why self-contained: a page attached to a ticket is opened
-later, elsewhere, maybe offline; so the CSS and the SVG charts are inline, and there is
+tokens, cost and engine time by tenant. Why self-contained: a page attached to a ticket is
+opened later, elsewhere, maybe offline; so the CSS and the SVG charts are inline, and there is
 no script and no URL to fetch. Why no prompt or completion text: the figures come from
 ``/metrics`` (no text there) and the waterfall shows names, times and token counts only
 (``stagelens.views.waterfall``).
@@ -88,6 +88,9 @@ class Figures:
     """Per (model, tenant) that reasoned: output and reasoning tokens."""
     whole: Histogram | None = None
     """A non-streamed answer's first byte, sent once it was all generated (never in TTFT)."""
+    engine: dict[str, float] = field(default_factory=dict)
+    """Per tenant, the engine seconds its requests were attributed; none where vLLM sent no
+    figure (no stagelens engine-time middleware)."""
 
 
 def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
@@ -98,6 +101,7 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
     tokens: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     cost: dict[str, float] = defaultdict(float)
     requests: dict[str, float] = defaultdict(float)
+    engine: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels, value = sample.labels, sample.value
@@ -108,6 +112,8 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
                 cost[labels.get(sc.LABEL_TENANT, "")] += value
             elif sample.name == sc.REQUESTS:
                 requests[labels.get(sc.LABEL_CODE, "")] += value
+            elif sample.name == sc.ENGINE_SECONDS:
+                engine[labels.get(sc.LABEL_TENANT, "")] += value
     itl = hists.get((sc.INTER_TOKEN_LATENCY, ""))
     return Figures(
         stages=stage_rows(hists, budgets),
@@ -120,6 +126,7 @@ def read_figures(text: str, spans: Iterable[SpanRecord] = ()) -> Figures:
         ttfat=hists.get((sc.TIME_TO_FIRST_ANSWER_TOKEN, "")),
         reasoning=reasoning_shares(text),
         whole=hists.get((sc.NON_STREAMED_RESPONSE, "")),
+        engine=dict(engine),
     )
 
 
@@ -206,29 +213,53 @@ def _stage_table(figures: Figures) -> str:
     )
 
 
+def _share(part: float, total: float) -> str:
+    return (
+        f"{part / total * 100:.1f}% "
+        f'<span class="share" style="width:{part / total * 100:.0f}px"></span>'
+    )
+
+
 def _tenant_table(figures: Figures) -> str:
-    tenants = sorted(set(figures.tokens) | set(figures.cost), key=lambda t: -figures.cost.get(t, 0))
+    """Per tenant: tokens, the price table's cost and, where the engines reported it, the
+    engine time its requests were attributed (what the GPUs bore, beside what is billed)."""
+    tenants = sorted(
+        set(figures.tokens) | set(figures.cost) | set(figures.engine),
+        key=lambda t: (-figures.engine.get(t, 0.0), -figures.cost.get(t, 0.0), t),
+    )
     if not tenants:
         return '<p class="empty">no tokens billed yet</p>'
     total_cost = sum(figures.cost.values()) or 1.0
+    total_engine = sum(figures.engine.values())
     rows = []
     for tenant in tenants:
         by_type = figures.tokens.get(tenant, {})
         cost = figures.cost.get(tenant, 0.0)
+        seconds = figures.engine.get(tenant)
+        engine = (
+            "<td>-</td><td>-</td>"
+            if seconds is None
+            else f"<td>{seconds:,.3f}</td><td>{_share(seconds, total_engine or 1.0)}</td>"
+        )
         rows.append(
             f"<tr><td>{escape(tenant)}</td>"
             + "".join(
                 f"<td>{by_type.get(t, 0.0):,.0f}</td>"
                 for t in (sc.TOKEN_TYPE_INPUT, sc.TOKEN_TYPE_CACHED_INPUT, sc.TOKEN_TYPE_OUTPUT)
             )
-            + f"<td>${cost:,.6f}</td><td>{cost / total_cost * 100:.1f}% "
-            f'<span class="share" style="width:{cost / total_cost * 100:.0f}px"></span></td></tr>'
+            + f"<td>${cost:,.6f}</td><td>{_share(cost, total_cost)}</td>{engine}</tr>"
         )
     head = (
         "<tr><th>tenant</th><th>input tokens</th><th>of which cached</th><th>output tokens</th>"
-        "<th>cost USD</th><th>share of cost</th></tr>"
+        "<th>cost USD</th><th>share of cost</th><th>engine s</th>"
+        "<th>share of engine time</th></tr>"
     )
-    return f"<table>{head}{''.join(rows)}</table>"
+    note = (
+        "<p class=\"meta\">engine s: the engines' time attributed to the tenant's requests "
+        "(each engine step split by the tokens each request computed in it); '-' where vLLM "
+        "sent no figure.</p>"
+    )
+    return f"<table>{head}{''.join(rows)}</table>{note}"
 
 
 def _reasoning_table(figures: Figures) -> str:
@@ -285,7 +316,7 @@ def render_page(
         "non-streamed answer's first byte is sent once it was all generated, and is read "
         "as the whole answer.</p>"
         f'<h2>The slowest trace</h2><p class="meta">{escape(trace_note)}</p>{trace_part}'
-        f"<h2>Tokens and cost by tenant</h2>{_tenant_table(figures)}"
+        f"<h2>Tokens, cost and engine time by tenant</h2>{_tenant_table(figures)}"
         f"<h2>Reasoning share by model and tenant</h2>{_reasoning_table(figures)}"
         "</body></html>\n"
     )
