@@ -50,6 +50,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 from stagelens import semconv as sc
 from stagelens.config import env_flag
+from stagelens.settings_env import report_unknown_variables
 
 logger = logging.getLogger("stagelens.vllm")
 
@@ -88,6 +89,10 @@ class StageLensStatLogger(StatLoggerBase):
         """Bind every series once. ``registry`` defaults to prometheus-client's global
         one (the registry vLLM serves); ``meter_provider`` (tests, embedders) records the
         OTel series there instead of the env-configured OTLP pipeline."""
+        # A mistyped variable (STAGELENS_VLLM_TRACE) would leave its feature off in silence:
+        # each unknown name is warned about once per process. Never raised here, strict or
+        # not: refusing to start belongs to the gateway's configure(), not to vLLM's engine.
+        report_unknown_variables(os.environ, strict=False)
         self.enabled = plugin_enabled()
         self.engine_index = engine_index
         self.model = _served_model(vllm_config)

@@ -219,6 +219,23 @@ class TestRecord:
             == 1
         )
 
+    def test_a_mistyped_variable_is_warned_once_never_raised(
+        self, plugin, caplog, monkeypatch
+    ) -> None:
+        """``STAGELENS_VLLM_TRACE=1`` (an S short) in vLLM's environment: one warning naming
+        ``STAGELENS_VLLM_TRACES`` for all the engines, and the engines start, strict or not."""
+        from stagelens import settings_env
+
+        monkeypatch.setattr(settings_env, "_reported", set())
+        monkeypatch.setenv("STAGELENS_VLLM_TRACE", "1")
+        monkeypatch.setenv("STAGELENS_STRICT", "1")
+        with caplog.at_level(logging.WARNING, logger="stagelens"):
+            for index in (0, 1):
+                assert plugin.StageLensStatLogger(_config(), index, registry=CollectorRegistry())
+        warned = [r.getMessage() for r in caplog.records if "STAGELENS_VLLM_TRACE " in r.message]
+        assert len(warned) == 1, warned
+        assert "did you mean STAGELENS_VLLM_TRACES?" in warned[0]
+
     def test_missing_fields_degrade_to_one_warning(self, plugin, caplog) -> None:
         """Stats lacking fields (another vLLM version): a warning once, no exception."""
         logger = plugin.StageLensStatLogger(_config(), 0, registry=CollectorRegistry())
