@@ -29,7 +29,7 @@ from stagelens import semconv as sc
 from stagelens.metrics.buckets import TTFT_BUCKETS, TTFT_RANGE
 from stagelens.slo.alert_rules import ALERT_METRICS_SPLIT, BURN_ALERTS
 from stagelens.slo.config import SLIS, SloConfig
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     BUDGET_REMAINING_RECORD,
     CLASSED_SLIS,
     class_budget_remaining_record,

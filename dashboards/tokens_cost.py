@@ -23,14 +23,13 @@ from stagelens.dashboards.panels import (
 
 from stagelens import semconv as sc
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     cost_projected_record,
     gpu_cost_rate_record,
-    per_backend,
-    per_model,
 )
+from stagelens.slo.recording_rules import per_backend, per_model
 
 USD_PER_HOUR: Final = "suffix: USD/h"
 TOKENS_PER_SECOND: Final = "suffix: tokens/s"

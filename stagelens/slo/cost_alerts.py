@@ -7,7 +7,7 @@ from stagelens import semconv as sc
 from stagelens.slo.alert_names import ALERT_BILLING_DRIFT, DASHBOARD_TOKENS_COST
 from stagelens.slo.alerting import Rule, alert_rule
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,
     GENERATED_TOKENS_RECORD,

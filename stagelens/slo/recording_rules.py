@@ -14,14 +14,66 @@ Why these shapes:
 Names follow ``level:metric:operations`` (prometheus/docs ``practices/rules.md``).
 """
 
-# ruff: noqa: F405 (the records' names come from record_names, whole)
 from __future__ import annotations
 
 from typing import Any
 
 from stagelens import semconv as sc
 from stagelens.slo.config import SloConfig, duration_seconds
-from stagelens.slo.record_names import *  # noqa: F403 (the records' names, re-exported)
+from stagelens.slo.record_names import (
+    BILLED_TOKENS_RECORD,
+    BILLING_DRIFT_RECORD,
+    BILLING_WINDOW,
+    BUDGET_REMAINING_RECORD,
+    CLASSED_SLIS,
+    CONFIGURED_DAILY_BUDGET_RECORD,
+    CONFIGURED_STAGE_BUDGET_RECORD,
+    CONTRACT_TTFT_RECORD,
+    COST_DAY_RECORD,
+    COST_SPENT_RECORD,
+    DAILY_BUDGET_RECORD,
+    DCGM_HOSTNAME,
+    ENGINE_KV_USAGE_RECORD,
+    ENGINE_PREEMPTIONS_RECORD,
+    ENGINE_WAITING_RECORD,
+    GENERATED_TOKENS_RECORD,
+    GPU_COST_DAY_RECORD,
+    GPU_HOST_RECORD,
+    GPU_SM_ACTIVE_RECORD,
+    GROUP_COST,
+    GROUP_ENGINE,
+    GROUP_LATENCY,
+    GROUP_SLI,
+    GROUP_SLI_PERIOD,
+    GROUP_TARGETS,
+    HOST,
+    INFERENCE_BUDGET_RECORD,
+    KV_WINDOWS,
+    OBJECTIVE_RECORD,
+    OPERAND,
+    PERIOD_INTERVAL,
+    SLI_PERIOD_REQUESTS_RECORD,
+    STAGE_BUDGET_RECORD,
+    TARGETS_RECORD,
+    TTFT_THRESHOLD_RECORD,
+    class_budget_remaining_record,
+    class_error_ratio_record,
+    class_period_requests_record,
+    class_requests_record,
+    cost_pace_record,
+    cost_projected_record,
+    cost_rate_record,
+    gpu_cost_rate_record,
+    gpu_seconds_rate_record,
+    inference_latency_record,
+    kv_hit_ratio_record,
+    kv_hits_record,
+    kv_queries_record,
+    sli_error_ratio_record,
+    sli_requests_record,
+    stage_latency_record,
+    ttft_p95_record,
+)
 
 Rule = dict[str, Any]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from stagelens import semconv as sc
 from stagelens.slo import alert_rules as ar
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     BILLED_TOKENS_RECORD,
     BILLING_DRIFT_RECORD,
     COST_SPENT_RECORD,

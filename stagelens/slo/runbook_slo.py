@@ -9,7 +9,7 @@ from stagelens.metrics.buckets import INTER_TOKEN_LATENCY_BUCKETS
 from stagelens.slo import alert_rules as ar
 from stagelens.slo.config import SloConfig
 from stagelens.slo.gateway_slis import gateway_stall_threshold
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     CLASSED_SLIS,
     INFERENCE_BUDGET_RECORD,
     STAGE_BUDGET_RECORD,

@@ -18,7 +18,7 @@ from stagelens.slo.alert_names import (
 )
 from stagelens.slo.alerting import Rule, alert_rule
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     ENGINE_KV_USAGE_RECORD,
     ENGINE_PREEMPTIONS_RECORD,
     ENGINE_WAITING_RECORD,
@@ -27,11 +27,11 @@ from stagelens.slo.recording_rules import (
     HOST,
     INFERENCE_BUDGET_RECORD,
     STAGE_BUDGET_RECORD,
-    by,
     inference_latency_record,
     kv_hit_ratio_record,
     stage_latency_record,
 )
+from stagelens.slo.recording_rules import by
 from stagelens.slo.slo_alerts import class_thresholds_text
 
 

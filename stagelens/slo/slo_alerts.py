@@ -10,16 +10,16 @@ from stagelens import semconv as sc
 from stagelens.slo.alert_names import BURN_ALERTS, DASHBOARD_SLOS
 from stagelens.slo.alerting import Rule, alert_rule, shortest_for
 from stagelens.slo.config import SloConfig, duration_seconds
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     CLASSED_SLIS,
     TTFT_THRESHOLD_RECORD,
-    by,
     class_error_ratio_record,
     class_requests_record,
     sli_error_ratio_record,
     sli_requests_record,
     ttft_p95_record,
 )
+from stagelens.slo.recording_rules import by
 
 _SLI_WORDS: Final[dict[str, str]] = {
     sc.SLI_AVAILABILITY: "Availability",

@@ -24,7 +24,8 @@ from stagelens.slo.alert_names import (
 )
 from stagelens.slo.alerting import Rule, alert_rule
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import TARGETS_RECORD, by, monitored_jobs
+from stagelens.slo.record_names import TARGETS_RECORD
+from stagelens.slo.recording_rules import by, monitored_jobs
 
 __all__ = ["monitored_jobs", "none_up", "self_alerts", "silence_alerts", "target_alerts"]
 

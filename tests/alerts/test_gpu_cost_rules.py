@@ -8,13 +8,13 @@ import pytest
 from stagelens import semconv as sc
 from stagelens.errors import ConfigurationError
 from stagelens.slo.config import slo_config_from_mapping
-from stagelens.slo.recording_rules import (
+from stagelens.slo.record_names import (
     COST_DAY_RECORD,
     COST_SPENT_RECORD,
     GPU_COST_DAY_RECORD,
     gpu_cost_rate_record,
-    render_rules,
 )
+from stagelens.slo.recording_rules import render_rules
 
 
 def _records(config: dict[str, object]) -> dict[str, str]:

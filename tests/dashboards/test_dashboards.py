@@ -16,7 +16,8 @@ from stagelens.dashboards.panels import DATASOURCE_VAR, HEATMAP_MIN_INTERVAL, RO
 
 from stagelens import semconv as sc
 from stagelens.slo.config import SloConfig
-from stagelens.slo.recording_rules import render_rules, ttft_p95_record
+from stagelens.slo.record_names import ttft_p95_record
+from stagelens.slo.recording_rules import render_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD_DIR = ROOT / "dashboards"
