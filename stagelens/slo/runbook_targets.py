@@ -222,7 +222,7 @@ def self_entries(cfg: SloConfig) -> list[Entry]:
         Entry(
             alert=ar.ALERT_METRICS_SPLIT,
             meaning=(
-                f"A job's gateway runs as several workers of one server (uvicorn `--workers`, "
+                "A gateway job runs as several workers of one server (uvicorn `--workers`, "
                 "gunicorn `-w`) without `PROMETHEUS_MULTIPROC_DIR`, seen for "
                 f"{cfg.self_monitoring_for}: every worker reports {sc.METRICS_SPLIT}, and "
                 "each scrape reads only the counts of the worker that answered it."
