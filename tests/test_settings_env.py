@@ -139,8 +139,8 @@ class TestTheDeclaredVariables:
     CODE = ("stagelens", "instrumentation", "exporters", "dashboards", "examples", "scripts")
     DECLARATION = ROOT / "stagelens" / "settings_env.py"
     """Where the other variables are declared (and a typo shown): not evidence of a reader."""
-    TYPOS = frozenset({"STAGELENS_TENANT"})
-    """The misspelling the docs show as an example of what is reported."""
+    TYPOS = frozenset({"STAGELENS_TENANT", "STAGELENS_VLLM_TRACE"})
+    """The misspellings the docs and the vLLM plugin show as examples of what is reported."""
 
     @staticmethod
     def _named_in(paths) -> set[str]:
