@@ -18,6 +18,7 @@ from stagelens.reference.demo import sampler_summary
 from stagelens.reference.demo_traces import ENDPOINT_ENV, DemoTraces
 
 from stagelens import TailSampler, configure
+from stagelens import semconv as sc
 
 pytestmark = pytest.mark.vllm
 
@@ -95,6 +96,20 @@ def test_the_slowest_request_is_kept_and_shown(
     received = otlp_sink.by_trace()
     assert slowest in received
     assert shown == slowest, printed
-    assert len(received) == kept < n  # the ratio is 0: fine requests were dropped
+    # The ratio is 0: a trace is kept only by a rule (slow, failed, an exemplar: on a loaded
+    # machine every one of the twelve may be), never by the ratio; every request is decided.
+    decided = {
+        (s.labels[sc.LABEL_DECISION], s.labels[sc.LABEL_REASON]): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if s.name == sc.TRACE_DECISIONS
+    }
+    assert decided.get((sc.DECISION_KEPT, sc.REASON_RATIO), 0.0) == 0.0, decided
+    assert sum(decided.values()) == n, decided
+    assert (
+        len(received)
+        == kept
+        == sum(v for (decision, _), v in decided.items() if decision == sc.DECISION_KEPT)
+    )
     assert line is not None
     assert f"kept {kept} of {n} traces" in line
