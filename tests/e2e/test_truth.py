@@ -391,14 +391,15 @@ def _one(
     settle: float = 0.05,
     **request: Any,
 ) -> tuple[Readings, Seen]:
-    """One request and its readings. Retried (twice at most) only when the client's clock
+    """One request and its readings. Retried (four times at most, waiting longer each
+    time: a suite can load this machine for a few seconds) only when the client's clock
     holds more than the bound beyond the service's (``_client_stalled``): TTFT runs from
     receipt to the send of the first output, the client's clock from before sending to
     its read, and on loopback the two ends add a millisecond or two unless this shared
     machine did not schedule the service or the client in between. A reading that is
     wrong is wrong in every attempt."""
     client, cap, vllm_url = service
-    for _ in range(3):
+    for pause in (0.5, 1.0, 2.0, 4.0, None):
         _quiet(cap)
         before = _metrics(cap)
         before_vllm = _vllm_tokens(vllm_url) if vllm_deltas is not None else ()
@@ -408,9 +409,9 @@ def _one(
         if vllm_deltas is not None:  # this attempt's alone: a retried one ran too
             after_vllm = _vllm_tokens(vllm_url)
             vllm_deltas[:] = [tuple(a - b for a, b in zip(after_vllm, before_vllm, strict=True))]
-        if seen.first_output is None or not _client_stalled(readings, seen):
+        if pause is None or seen.first_output is None or not _client_stalled(readings, seen):
             break
-        time.sleep(0.5)
+        time.sleep(pause)
     return readings, seen
 
 
