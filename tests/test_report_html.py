@@ -12,6 +12,7 @@ from stagelens import semconv
 from stagelens.views.report_html import read_figures, redact_url, render_page, write_report
 from stagelens.views.traces import SpanRecord
 from stagelens.views.waterfall import build
+from tests._html_page import PageParts
 
 METRICS = """\
 # TYPE stagelens_tokens_total counter
@@ -206,30 +207,6 @@ stagelens_engine_seconds_total{model="tiny",tenant="beta"} 6.0
 """
 
 
-class _Rows(html.parser.HTMLParser):
-    """The cells' text of every table row."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: list[list[str]] = []
-        self.cell: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            self.cell = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self.cell is not None:
-            self.rows[-1].append("".join(self.cell).strip())
-            self.cell = None
-
-    def handle_data(self, data: str) -> None:
-        if self.cell is not None:
-            self.cell.append(data)
-
-
 class TestTenantEngineTime:
     """The tenant table shows the engine seconds beside the price table's cost."""
 
@@ -239,7 +216,7 @@ class TestTenantEngineTime:
         page = render_page(
             read_figures(ENGINE_METRICS), None, metrics_source="http://gw/metrics", trace_note=""
         )
-        parsed = _Rows()
+        parsed = PageParts()
         parsed.feed(page)
         head = next(r for r in parsed.rows if r and r[0] == "tenant")
         assert head[-2:] == ["engine s", "share of engine time"]

@@ -3,7 +3,6 @@ against the client's own readings and the spans, then drawn by a real headless C
 
 from __future__ import annotations
 
-import html.parser
 import json
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from stagelens.reference.demo_traces import ENDPOINT_ENV, DemoTraces
 from stagelens import configure
 from stagelens.cli import main
 from stagelens.pricing import PriceTable, Usage
+from tests._html_page import PageParts
 
 pytestmark = pytest.mark.vllm
 
@@ -27,46 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / ".cache" / "test-artifacts"
 KEYS = {"sk-acme": "acme", "sk-globex": "globex"}
 CANARY = "okapi-canary-91c4"
-
-
-class _Page(html.parser.HTMLParser):
-    """Every tag with its attributes, the text of each table cell, and SVG titles."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[tuple[str, dict[str, str | None]]] = []
-        self.rows: list[list[str]] = []
-        self.titles: list[tuple[str, str]] = []  # (enclosing svg's aria-label, title text)
-        self._cell: list[str] | None = None
-        self._svg = ""
-        self._title: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append((tag, dict(attrs)))
-        if tag == "tr":
-            self.rows.append([])
-        elif tag in ("td", "th"):
-            self._cell = []
-        elif tag == "svg":
-            self._svg = dict(attrs).get("aria-label") or ""
-        elif tag == "title" and self._svg:
-            self._title = []
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("td", "th") and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
-            self._cell = None
-        elif tag == "title" and self._title is not None:
-            self.titles.append((self._svg, "".join(self._title)))
-            self._title = None
-        elif tag == "svg":
-            self._svg = ""
-
-    def handle_data(self, data: str) -> None:
-        if self._cell is not None:
-            self._cell.append(data)
-        if self._title is not None:
-            self._title.append(data)
 
 
 def _traffic(url: str) -> tuple[dict[str, Usage], int, int, int]:
@@ -149,7 +109,7 @@ def report(vllm_server, tiny_model, serve_app, otlp_sink, tmp_path_factory) -> d
         telemetry.shutdown()
         traces.stop()
     assert code == 0
-    parsed = _Page()
+    parsed = PageParts()
     text = out.read_text()
     parsed.feed(text)
     return {
